@@ -1,0 +1,5 @@
+"""`python -m timeslice` runs the command line."""
+
+from timeslice.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""Strict reading of protobuf messages at the service edge.
+
+The generated message classes parse leniently: a truncated field or a field of
+the wrong wire type comes back as a half-filled message. A server must refuse
+such input instead, so `decode_strict` walks the wire format first and raises
+`ValueError` on anything malformed. Unknown fields are allowed (a newer client
+may send them) as long as they are well formed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+import betterproto2
+
+_M = TypeVar("_M", bound=betterproto2.Message)
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_WIRE_TYPE: Final[dict[str, int]] = {
+    **dict.fromkeys(
+        ("int32", "int64", "uint32", "uint64", "sint32", "sint64", "bool", "enum"), _VARINT
+    ),
+    **dict.fromkeys(("fixed64", "sfixed64", "double"), _I64),
+    **dict.fromkeys(("fixed32", "sfixed32", "float"), _I32),
+    **dict.fromkeys(("string", "bytes", "message", "map"), _LEN),
+}
+_MAX_DEPTH: Final = 32
+
+
+def decode_strict(message_type: type[_M], data: bytes) -> _M:
+    """Parse `data` as `message_type`, raising ValueError if it is malformed."""
+    _check(message_type, memoryview(data), 0)
+    try:
+        return message_type.FromString(data)
+    except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
+        raise ValueError(f"malformed {message_type.__name__}: {exc}") from exc
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise ValueError("message nested too deeply")
+    meta = message_type._betterproto
+    by_number = {m.number: (name, m) for name, m in meta.meta_by_field_name.items()}
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wire == _VARINT:
+            _, pos = _varint(data, pos)
+            end = pos
+        elif wire in (_I64, _I32):
+            end = pos + (8 if wire == _I64 else 4)
+        elif wire == _LEN:
+            size, pos = _varint(data, pos)
+            end = pos + size
+        else:
+            raise ValueError(f"unsupported wire type {wire} (field {number})")
+        if end > len(data):
+            raise ValueError(f"field {number} runs past the end of the message")
+        known = by_number.get(number)
+        if known is not None:
+            name, field = known
+            expected = _WIRE_TYPE.get(field.proto_type)
+            packed = field.repeated and wire == _LEN and expected != _LEN
+            if expected is not None and wire != expected and not packed:
+                raise ValueError(f"field {name} has wire type {wire}, expected {expected}")
+            nested = meta.cls_by_field.get(name)
+            if wire == _LEN and field.proto_type == "message" and hasattr(nested, "_betterproto"):
+                _check(nested, data[pos:end], depth + 1)
+        pos = end

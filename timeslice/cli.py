@@ -1,0 +1,206 @@
+"""The `timeslice` command line. It parses options, builds the same classes a
+program embeds, and runs them; nothing here decides anything on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Annotated
+
+import anyio
+import typer
+
+from timeslice.errors import TimeSliceError
+
+app = typer.Typer(help="Share accelerators between RL jobs, one holder at a time.", no_args_is_help=True)
+serve_app = typer.Typer(help="Run a timeslice server until Ctrl-C or SIGTERM.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
+
+
+def _parse_limits(values: list[str]) -> dict[str, float | None]:
+    limits: dict[str, float | None] = {}
+    for value in values:
+        group, sep, seconds = value.partition("=")
+        if not sep or not group:
+            raise typer.BadParameter(f"expected GROUP=SECONDS, got {value!r}")
+        try:
+            limits[group] = float(seconds) if seconds not in ("", "none") else None
+        except ValueError:
+            raise typer.BadParameter(f"not a number of seconds: {seconds!r}") from None
+    return limits
+
+
+@serve_app.command("orchestrator")
+def serve_orchestrator(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 50051,
+    db: Annotated[
+        str, typer.Option(help="Journal: sqlite:///PATH, a file path, postgresql://..., or 'memory'.")
+    ] = "sqlite:///timeslice-journal.db",
+    hold_limit: Annotated[
+        float | None, typer.Option(help="Longest any job may hold a group, in seconds.")
+    ] = None,
+    group_hold_limit: Annotated[
+        list[str] | None, typer.Option(help="GROUP=SECONDS, a hold limit for one group; repeatable.")
+    ] = None,
+    recovery_grace: Annotated[
+        float, typer.Option(help="After a restart, seconds that queued jobs have to come back.")
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+) -> None:
+    """Serve the orchestrator (the lock service) on HOST:PORT."""
+    from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = OrchestratorConfig(
+            host=host,
+            port=port,
+            db=None if db == "memory" else db,
+            hold_limit=hold_limit,
+            hold_limits=_parse_limits(group_hold_limit or []),
+            recovery_grace=recovery_grace,
+        )
+    except TimeSliceError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def serve() -> None:
+        async with Orchestrator(config) as orch:
+            typer.echo(f"timeslice orchestrator serving on {orch.address} (journal: {db})", err=True)
+            await _until_signal()
+            typer.echo("shutting down", err=True)
+
+    anyio.run(serve)
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _fail(exc: TimeSliceError) -> typer.Exit:
+    typer.echo(f"error: {exc} ({exc.status.name})", err=True)
+    return typer.Exit(1)
+
+
+@app.command()
+def status(
+    group: Annotated[str | None, typer.Argument(help="One group; all groups when omitted.")] = None,
+    target: Target = DEFAULT_TARGET,
+) -> None:
+    """Print each group's holder, queue and fencing token."""
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+    async def run() -> None:
+        async with AsyncTimeSliceOrchestratorClient(target) as client:
+            groups = [group] if group else await client.list_groups()
+            if not groups:
+                typer.echo("no groups yet")
+            for name in groups:
+                g = (await client.get_status(name)).group
+                queue = ", ".join(g.waiting_jobs) or "-"
+                typer.echo(
+                    f"{g.group_id}: {g.group_state.value}  holder={g.locking_job or '-'}  "
+                    f"active={g.active_job or '-'}  loaded={g.loaded_job or '-'}  "
+                    f"queue[{g.waiter_queue_depth}]={queue}  token={g.fencing_token}"
+                )
+
+    try:
+        anyio.run(run)
+    except TimeSliceError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def acquire(
+    group: str,
+    job: str,
+    target: Target = DEFAULT_TARGET,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+) -> None:
+    """Wait until JOB holds GROUP, then exit holding it (no lease: it holds until
+    `timeslice yield`)."""
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+    async def run() -> None:
+        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
+            result = await client.acquire(job_id=job, group_id=group, timeout_sec=timeout)
+            typer.echo(f"{job} holds {group} (token {result.fencing_token}, waited {result.waited_ms} ms)")
+
+    try:
+        anyio.run(run)
+    except TimeSliceError as exc:
+        raise _fail(exc) from None
+
+
+@app.command("yield")
+def yield_(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
+    """Release GROUP, held by JOB."""
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+    async def run() -> None:
+        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
+            result = await client.release(job_id=job, group_id=group)
+            typer.echo(f"{job} released {group} ({result.pending_waiters} waiting)")
+
+    try:
+        anyio.run(run)
+    except TimeSliceError as exc:
+        raise _fail(exc) from None
+
+
+@app.command("force-release")
+def force_release(
+    group: str,
+    job: Annotated[str, typer.Option(help="Only if this job holds the group.")] = "",
+    reason: Annotated[str, typer.Option(help="Recorded in the journal.")] = "",
+    target: Target = DEFAULT_TARGET,
+) -> None:
+    """Operator action: take GROUP away from its holder; the next waiter is granted."""
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+    async def run() -> None:
+        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
+            await client.force_release(group_id=group, job_id=job, reason=reason)
+            typer.echo(f"released {group}")
+
+    try:
+        anyio.run(run)
+    except TimeSliceError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def demo(
+    jobs: Annotated[int, typer.Option(min=1, max=16, help="How many jobs share the accelerators.")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Rounds per job.")] = 8,
+    cpu_ms: Annotated[int, typer.Option(min=0, help="CPU phase per round, ms.")] = 150,
+    accel_ms: Annotated[int, typer.Option(min=1, help="Accelerator phase per round, ms.")] = 150,
+    journal: Annotated[
+        str | None, typer.Option(help="Keep the journal in this SQLite file (default: a temp file).")
+    ] = None,
+) -> None:
+    """Run jobs back to back, then time-sliced, through an embedded orchestrator."""
+    from pathlib import Path
+
+    from timeslice.demo import demo as run_demo
+
+    async def run() -> None:
+        await run_demo(jobs, steps, cpu_ms / 1000, accel_ms / 1000, Path(journal) if journal else None)
+
+    anyio.run(run)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,225 @@
+"""What goes into the lock table (events) and what comes out of it (effects).
+
+Events are the inputs of `LockTable.handle`. Every event that changes the table
+is journaled before its effects are acted on, and a restart folds the journal
+through the same `handle`, so an event carries everything the table needs,
+its own `now` included: the table never reads a clock.
+
+Effects are what the shell must do after the journal write: answer a waiting
+call, tell watchers. They are never journaled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Final
+
+# --- events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Acquire:
+    """`job` asks for `group`'s lock. `call_id` names this one waiting call."""
+
+    now: float
+    group: str
+    job: str
+    call_id: str
+    request_id: str = ""
+    lease_ttl: float | None = None  # seconds; None: no expiry by silence
+    wait_deadline: float | None = None  # absolute; None: wait without limit
+
+
+@dataclass(frozen=True)
+class Yield:
+    """The holder gives the lock back."""
+
+    now: float
+    group: str
+    job: str
+    request_id: str = ""
+    token: int | None = None  # when set, must be the current grant's
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """The holder renews its lease. Not journaled: it only moves an expiry, and
+    every start gives each holder a fresh lease anyway."""
+
+    now: float
+    group: str
+    job: str
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class DropWaiter:
+    """A waiting call left: cancelled, timed out, or never came back after a start."""
+
+    now: float
+    group: str
+    job: str
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Revoke:
+    """The grant `token` ends without a yield: lease expired, hold limit, or a
+    grant whose answer could not be delivered."""
+
+    now: float
+    group: str
+    token: int
+    reason: str
+    call_id: str = ""  # when set, only if the grant still belongs to this call
+
+
+@dataclass(frozen=True)
+class ForceRelease:
+    """An operator takes the lock away (from `job` only, when set)."""
+
+    now: float
+    group: str
+    job: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SetHoldLimit:
+    """Configures the longest a holder may keep `group` (None: no limit)."""
+
+    now: float
+    group: str
+    max_hold: float | None
+
+
+@dataclass(frozen=True)
+class Recover:
+    """The orchestrator started on this journal: a new epoch. Holders get a fresh
+    lease; queued jobs and unclaimed grants must be claimed again within `grace`."""
+
+    now: float
+    grace: float
+
+
+Event = Acquire | Yield | KeepAlive | DropWaiter | Revoke | ForceRelease | SetHoldLimit | Recover
+
+EVENT_TYPES: Final[dict[str, type[Any]]] = {
+    cls.__name__: cls
+    for cls in (Acquire, Yield, KeepAlive, DropWaiter, Revoke, ForceRelease, SetHoldLimit, Recover)
+}
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """A JSON-ready dict of `event`, with its type under "kind"."""
+    return {"kind": type(event).__name__, **dataclasses.asdict(event)}
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """The inverse of `event_to_dict`."""
+    fields = dict(data)
+    cls = EVENT_TYPES.get(fields.pop("kind", ""))
+    if cls is None:
+        raise ValueError(f"unknown event kind in {data!r}")
+    event: Event = cls(**fields)
+    return event
+
+
+# --- effects --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A holder's lease as the wire shows it. `ttl` 0: never expires by silence."""
+
+    lease_id: str
+    ttl: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True)
+class Granted:
+    """`job` now holds `group`; answer its waiting call `call_id` (if any)."""
+
+    group: str
+    job: str
+    call_id: str
+    token: int
+    lease: LeaseInfo
+    waited: float
+    context_restored: bool
+
+
+@dataclass(frozen=True)
+class Queued:
+    """`job` waits for `group` at `position` (0: next)."""
+
+    group: str
+    job: str
+    call_id: str
+    position: int
+
+
+@dataclass(frozen=True)
+class LeftQueue:
+    """`job` no longer waits; fail its call `call_id` with `reason`."""
+
+    group: str
+    job: str
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A newer call of the same job took over the place of `call_id`."""
+
+    group: str
+    job: str
+    call_id: str
+
+
+@dataclass(frozen=True)
+class Yielded:
+    """The answer to a `Yield`."""
+
+    group: str
+    job: str
+    token: int
+    pending_waiters: int
+    snapshot_deferred: bool
+    next_job: str
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """`job` lost `group` without yielding."""
+
+    group: str
+    job: str
+    token: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class LeaseRenewed:
+    """The answer to a `KeepAlive`."""
+
+    group: str
+    job: str
+    token: int
+    lease: LeaseInfo
+
+
+Effect = Granted | Queued | LeftQueue | Superseded | Yielded | Revoked | LeaseRenewed
+
+# Reasons, as the wire and the journal spell them.
+REASON_CANCELLED: Final = "cancelled"
+REASON_WAIT_TIMEOUT: Final = "wait timeout"
+REASON_NOT_RECLAIMED: Final = "not reclaimed after restart"
+REASON_LEASE_EXPIRED: Final = "lease expired"
+REASON_HOLD_LIMIT: Final = "hold limit reached"
+REASON_NOT_DELIVERED: Final = "grant not delivered"
+REASON_OPERATOR: Final = "released by operator"

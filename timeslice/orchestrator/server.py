@@ -1,0 +1,465 @@
+"""The Orchestrator: the lock table behind a gRPC server, with its journal.
+
+Every change goes the same way: the event is handled by the pure `LockTable`
+(which refuses it, or changes and answers with effects), appended to the
+journal, and only once the journal write is durable are its effects acted on:
+a waiting `Acquire` answered, watchers told. Appends are batched: while one
+batch is being written, new events gather for the next, so a busy orchestrator
+pays one durable write for many decisions and an idle one pays no wait.
+
+Time-driven decisions (a lease running out, a wait limit) come from one timer,
+set for the table's next deadline: nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from grpclib.config import Configuration
+from grpclib.server import Server
+
+from timeslice.errors import (
+    CancelledError,
+    ConflictError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    TimeSliceError,
+    UnavailableError,
+)
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.events import Effect, Event
+from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.state import Group, LockTable
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    """How an Orchestrator runs. Validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Journal: None keeps it in memory; "sqlite:///PATH" or a path; "postgresql://...".
+    db: str | None = None
+    # The longest any holder may keep a group (None: no limit), and per-group limits.
+    hold_limit: float | None = None
+    hold_limits: Mapping[str, float | None] = field(default_factory=dict)
+    # After a start, how long queued jobs and unclaimed grants wait for their client.
+    recovery_grace: float = 30.0
+    # A snapshot of the table every this many journaled events.
+    snapshot_every: int = 1000
+    max_message_bytes: int = 4 * MiB
+    # How long close() waits for calls in flight.
+    drain_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port {self.port} is out of range")
+        limits = [self.hold_limit, *self.hold_limits.values()]
+        if any(limit is not None and limit <= 0 for limit in limits):
+            raise InvalidArgumentError("hold limits must be positive")
+        if self.recovery_grace <= 0 or self.snapshot_every < 1 or self.drain_timeout < 0:
+            raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
+        if self.max_message_bytes < 1024:
+            raise InvalidArgumentError("max_message_bytes must be at least 1 KiB")
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One thing that happened to a group, as `watch` reports it."""
+
+    effect: Effect
+    time: float
+
+
+class Orchestrator:
+    """Grants each group's accelerators to one job at a time, durably.
+
+    `async with Orchestrator(db="sqlite:///journal.db") as orch:` serves on
+    `orch.address` until the block ends. Port 0 (the default) picks a free port.
+    """
+
+    def __init__(self, config: OrchestratorConfig | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise TypeError("pass either a config or options, not both")
+        self.config = config or OrchestratorConfig(**options)
+        self.table = LockTable()
+        self._journal: Journal | None = None
+        self._server: Server | None = None
+        self._address: str | None = None
+        self._state = "new"  # new -> serving -> closed
+        self._pending: list[tuple[Event, list[Effect], asyncio.Future[list[Effect]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._since_snapshot = 0
+        self._calls: dict[str, asyncio.Future[ev.Granted]] = {}
+        self._call_ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
+        self._in_flight = 0
+        self._drained = asyncio.Event()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """"HOST:PORT" the server listens on (known once started)."""
+        if self._address is None:
+            raise RuntimeError("the orchestrator is not started")
+        return self._address
+
+    async def start(self) -> None:
+        """Open the journal, rebuild the table, and start serving. Idempotent; cleans
+        up after itself if it fails half way."""
+        if self._state != "new":
+            return
+        try:
+            self._journal = open_journal(self.config.db)
+            await self._journal.open()
+            await self._restore(self._journal)
+            await self._begin_epoch()
+            await self._listen()
+        except BaseException:
+            await self._shutdown()
+            raise
+        self._state = "serving"
+
+    async def close(self) -> None:
+        """Stop serving: refuse new calls, let those in flight finish (blocked
+        Acquires are told to retry: their places in the queues are kept), flush the
+        journal, then stop listening. Idempotent."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(UnavailableError("the orchestrator is shutting down; retry"))
+        self._end_watches()
+        if self._in_flight:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), self.config.drain_timeout)
+            except TimeoutError:
+                log.warning("closing with %d call(s) still in flight", self._in_flight)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        self._state = "closed"
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        self._end_watches()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._journal is not None:
+            await self._journal.close()
+
+    async def __aenter__(self) -> Orchestrator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _restore(self, journal: Journal) -> None:
+        loaded = await journal.load()
+        table = LockTable.from_dict(loaded.snapshot) if loaded.snapshot else LockTable()
+        for seq, event in loaded.tail:
+            try:
+                table.handle(event)
+            except TimeSliceError as exc:
+                raise RuntimeError(f"journal event {seq} does not replay: {exc}") from exc
+        self.table = table
+        if len(loaded.tail) >= self.config.snapshot_every:
+            await journal.save_snapshot(loaded.last_seq, table.to_dict())
+        log.info(
+            "journal: snapshot at %d, %d event(s) replayed, %d group(s)",
+            loaded.snapshot_seq, len(loaded.tail), len(table.groups),
+        )
+
+    async def _begin_epoch(self) -> None:
+        now = time.time()
+        wanted = {"": self.config.hold_limit, **self.config.hold_limits}
+        for group, limit in wanted.items():
+            if self.table.hold_limits.get(group) != limit:
+                self._apply(ev.SetHoldLimit(now, group, limit))
+        await self._apply(ev.Recover(now, self.config.recovery_grace))
+
+    async def _listen(self) -> None:
+        from timeslice.orchestrator.service import OrchestratorService
+
+        # A small stream window: a message over the size limit is refused after
+        # its 5-byte header, with at most one window of it ever buffered.
+        grpc_config = Configuration(http2_stream_window_size=256 * 1024)
+        self._server = Server([OrchestratorService(self)], config=grpc_config)
+        sock = _listening_socket(self.config.host, self.config.port)
+        await self._server.start(sock=sock)
+        host, port = sock.getsockname()[:2]
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    # --- the engine: handle, journal, act ---------------------------------------------
+
+    def _apply(self, event: Event) -> asyncio.Future[list[Effect]]:
+        """Handle `event` now; the future resolves once it is durable and acted on.
+        Raises (leaving everything unchanged) if the table refuses the event."""
+        effects = self.table.handle(event)
+        done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
+        if isinstance(event, ev.KeepAlive) or (isinstance(event, ev.DropWaiter | ev.Revoke) and not effects):
+            self._act(effects)
+            done.set_result(effects)
+        else:
+            self._pending.append((event, effects, done))
+            if self._flusher is None:
+                self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        self._rearm()
+        return done
+
+    async def _flush(self) -> None:
+        assert self._journal is not None
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    seq = await self._journal.append([event for event, _, _ in batch])
+                except Exception as exc:
+                    await self._journal_failed(batch, exc)
+                    return
+                for _, effects, done in batch:
+                    self._act(effects)
+                    if not done.done():
+                        done.set_result(effects)
+                self._since_snapshot += len(batch)
+                if self._since_snapshot >= self.config.snapshot_every and not self._pending:
+                    self._since_snapshot = 0
+                    state = self.table.to_dict()  # nothing newer than `seq` is handled yet
+                    try:
+                        await self._journal.save_snapshot(seq, state)
+                    except Exception:
+                        log.exception("could not write a journal snapshot")
+        finally:
+            self._flusher = None
+
+    async def _journal_failed(self, batch: list[Any], exc: Exception) -> None:
+        """The table is ahead of the journal: fail everything in the air and rebuild
+        the table from what is durable. Clients retry with their request ids."""
+        log.error("journal write failed: %s; rebuilding from the journal", exc)
+        pending, self._pending = [*batch, *self._pending], []
+        error = UnavailableError(f"journal write failed: {exc}")
+        for _, _, done in pending:
+            if not done.done():
+                done.set_exception(error)
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(error)
+        assert self._journal is not None
+        try:
+            await self._restore(self._journal)
+        except Exception:
+            log.exception("journal unreadable; the orchestrator stops serving")
+            self._state = "closed"
+
+    def _act(self, effects: list[Effect]) -> None:
+        """Carry out effects whose event is durable."""
+        for effect in effects:
+            match effect:
+                case ev.Granted():
+                    fut = self._calls.get(effect.call_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(effect)
+                    elif effect.call_id and fut is None:
+                        # The call that asked is gone: roll the grant back.
+                        revoke = ev.Revoke(time.time(), effect.group, effect.token,
+                                           ev.REASON_NOT_DELIVERED, effect.call_id)
+                        self._apply(revoke)
+                case ev.LeftQueue():
+                    error: TimeSliceError = (
+                        DeadlineExceededError(f"not granted {effect.group} in time")
+                        if effect.reason == ev.REASON_WAIT_TIMEOUT
+                        else CancelledError(f"left the queue of {effect.group}: {effect.reason}")
+                    )
+                    self._fail_call(effect.call_id, error)
+                case ev.Superseded():
+                    self._fail_call(effect.call_id, ConflictError(
+                        f"a newer Acquire of {effect.job} on {effect.group} took this one's place"
+                    ))
+                case ev.Queued() | ev.Yielded() | ev.Revoked() | ev.LeaseRenewed():
+                    pass
+                case _:
+                    raise TypeError(f"not an effect: {effect!r}")
+            if self._watchers:
+                self._publish(effect)
+
+    def _fail_call(self, call_id: str, error: TimeSliceError) -> None:
+        fut = self._calls.get(call_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+    def _rearm(self) -> None:
+        at = self.table.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at is not None and self._state != "closed":
+            delay = max(0.0, at - time.time())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        now = time.time()
+        while (event := self.table.due(now)) is not None:
+            self._apply(event)
+        self._rearm()
+
+    def _end_watches(self) -> None:
+        for entry in list(self._watchers):
+            self._watchers.discard(entry)
+            _, queue = entry
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(None)
+
+    def _publish(self, effect: Effect) -> None:
+        notice = Notice(effect, time.time())
+        for group, queue in list(self._watchers):
+            if group in ("", effect.group):
+                try:
+                    queue.put_nowait(notice)
+                except asyncio.QueueFull:
+                    self._watchers.discard((group, queue))
+                    queue.get_nowait()  # make room for the end marker
+                    queue.put_nowait(None)
+
+    # --- what the service calls -------------------------------------------------------
+
+    @asynccontextmanager
+    async def call(self) -> AsyncIterator[None]:
+        """Account for one call in flight; refuse it once closing."""
+        if self._state != "serving":
+            raise UnavailableError("the orchestrator is not serving")
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._drained.set()
+
+    async def acquire(
+        self,
+        group: str,
+        job: str,
+        *,
+        request_id: str = "",
+        lease_ttl: float | None = None,
+        wait_timeout: float | None = None,
+    ) -> ev.Granted:
+        """Wait until `job` holds `group`."""
+        if wait_timeout is not None and wait_timeout < 0:
+            raise InvalidArgumentError("wait timeout must not be negative")
+        now = time.time()
+        call_id = f"{self.table.epoch}.{next(self._call_ids)}"
+        granted: asyncio.Future[ev.Granted] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = granted
+        deadline = now + wait_timeout if wait_timeout is not None else None
+        try:
+            await asyncio.shield(
+                self._apply(ev.Acquire(now, group, job, call_id, request_id, lease_ttl, deadline))
+            )
+            return await granted
+        except asyncio.CancelledError:
+            self._abandon(call_id, group, job, granted)
+            raise
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _abandon(self, call_id: str, group: str, job: str, granted: asyncio.Future[ev.Granted]) -> None:
+        """The caller went away: take it out of the queue, or roll back its grant."""
+        self._calls.pop(call_id, None)
+        if self._state == "closed":
+            return  # its place is kept: the client retries against the next start
+        now = time.time()
+        if granted.done() and not granted.cancelled() and granted.exception() is None:
+            token = granted.result().token
+            self._apply(ev.Revoke(now, group, token, ev.REASON_NOT_DELIVERED, call_id))
+        else:
+            self._apply(ev.DropWaiter(now, group, job, call_id, ev.REASON_CANCELLED))
+
+    async def yield_(
+        self, group: str, job: str, *, request_id: str = "", token: int | None = None
+    ) -> ev.Yielded:
+        """Release `group`, held by `job`."""
+        effects = await self._apply(ev.Yield(time.time(), group, job, request_id, token))
+        return _first(effects, ev.Yielded)
+
+    async def keep_alive(self, group: str, job: str, lease_id: str) -> ev.LeaseRenewed:
+        """Renew the holder's lease."""
+        effects = await self._apply(ev.KeepAlive(time.time(), group, job, lease_id))
+        return _first(effects, ev.LeaseRenewed)
+
+    async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]:
+        """Take `group` away from its holder (operator action)."""
+        return await self._apply(ev.ForceRelease(time.time(), group, job, reason))
+
+    def group(self, name: str) -> Group:
+        """The group named `name`, read-only."""
+        group = self.table.groups.get(name)
+        if group is None:
+            raise NotFoundError(f"unknown group {name!r}")
+        return group
+
+    async def watch(self, group: str = "", max_backlog: int = 10_000) -> AsyncIterator[Notice]:
+        """What happens to `group` ("" for all), from now until close. A watcher that
+        falls `max_backlog` notices behind is ended."""
+        queue: asyncio.Queue[Notice | None] = asyncio.Queue(max_backlog)
+        entry = (group, queue)
+        self._watchers.add(entry)
+        try:
+            while (notice := await queue.get()) is not None:
+                yield notice
+        finally:
+            self._watchers.discard(entry)
+
+
+_T = TypeVar("_T")
+
+
+def _first(effects: list[Effect], kind: type[_T]) -> _T:
+    for effect in effects:
+        if isinstance(effect, kind):
+            return effect
+    raise TypeError(f"no {kind.__name__} among {effects!r}")
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket with Nagle off (else each call waits ~40 ms for an ACK)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,232 @@
+"""The orchestrator's gRPC servicer: decode, call the Orchestrator, encode.
+
+It never looks at lock state to decide anything; the Orchestrator and its table
+do. Domain errors become gRPC statuses here and nowhere else. Requests are read
+with a size limit checked before the body is read, and parsed strictly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import grpclib.const
+import grpclib.server
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from timeslice.api.wire import decode_strict
+from timeslice.errors import InvalidArgumentError, TimeSliceError, to_grpc_error
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.state import Group, GroupState, check_id
+
+if TYPE_CHECKING:
+    from timeslice.orchestrator.server import Notice, Orchestrator
+
+log = logging.getLogger(__name__)
+
+_STATE = {
+    GroupState.IDLE: pb.GroupStatusState.IDLE,
+    GroupState.IDLE_YIELDED: pb.GroupStatusState.IDLE_YIELDED,
+    GroupState.LOCKED: pb.GroupStatusState.LOCKED,
+    GroupState.SWITCHING: pb.GroupStatusState.SWITCHING,
+}
+
+
+class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
+    """`TimeSliceOrchestratorService` over an `Orchestrator`."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orch = orchestrator
+
+    async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
+        grant = await self.orch.acquire(
+            message.group_id,
+            message.job_id,
+            request_id=message.request_id,
+            lease_ttl=_seconds("lease_ttl_ms", message.lease_ttl_ms, positive=True),
+            wait_timeout=_seconds("wait_timeout_ms", message.wait_timeout_ms, positive=False),
+        )
+        return pb.AcquireResponse(
+            success=True,
+            waited_ms=round(grant.waited * 1000),
+            context_restored=grant.context_restored,
+            lease=_lease(grant.lease),
+            fencing_token=grant.token,
+        )
+
+    async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:
+        answer = await self.orch.yield_(
+            message.group_id, message.job_id, request_id=message.request_id, token=message.fencing_token
+        )
+        return pb.YieldResponse(
+            success=True,
+            pending_waiters=answer.pending_waiters,
+            snapshot_deferred=answer.snapshot_deferred,
+            next_job_id=answer.next_job,
+        )
+
+    async def list_groups(self, message: pb.ListGroupsRequest) -> pb.ListGroupsResponse:
+        return pb.ListGroupsResponse(group_ids=sorted(self.orch.table.groups))
+
+    async def get_group_status(self, message: pb.GetGroupStatusRequest) -> pb.GetGroupStatusResponse:
+        check_id("group_id", message.group_id)
+        return pb.GetGroupStatusResponse(group=self._status(self.orch.group(message.group_id)))
+
+    async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
+        renewed = await self.orch.keep_alive(message.group_id, message.job_id, message.lease_id)
+        return pb.KeepAliveResponse(lease=_lease(renewed.lease), fencing_token=renewed.token)
+
+    async def watch(self, message: pb.WatchRequest) -> AsyncIterator[pb.WatchEvent]:
+        if message.group_id:
+            check_id("group_id", message.group_id)
+        notices = self.orch.watch(message.group_id)
+        names = [message.group_id] if message.group_id else sorted(self.orch.table.groups)
+        now = datetime.now(UTC)
+        for name in names:
+            if name in self.orch.table.groups:
+                status = self._status(self.orch.group(name))
+                yield pb.WatchEvent(kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status)
+        async for notice in notices:
+            if (event := self._watch_event(notice)) is not None:
+                yield event
+
+    async def force_release(self, message: pb.ForceReleaseRequest) -> pb.ForceReleaseResponse:
+        effects = await self.orch.force_release(message.group_id, message.job_id, message.reason)
+        revoked = next(e for e in effects if isinstance(e, ev.Revoked))
+        granted = next((e for e in effects if isinstance(e, ev.Granted)), None)
+        return pb.ForceReleaseResponse(
+            released_job_id=revoked.job, next_job_id=granted.job if granted else ""
+        )
+
+    # --- encoding ---------------------------------------------------------------------
+
+    def _status(self, g: Group) -> pb.GroupStatus:
+        return pb.GroupStatus(
+            group_id=g.name,
+            group_state=_STATE[g.state],
+            state_timestamp=datetime.fromtimestamp(g.state_since, UTC),
+            locking_job=g.holder.job if g.holder else "",
+            active_job=g.active_job,
+            waiter_queue_depth=len(g.queue),
+            loaded_job=g.loaded_job,
+            fencing_token=g.token,
+            waiting_jobs=list(g.queue),
+            holder_lease=_lease(g.holder.lease) if g.holder else None,
+            epoch=self.orch.table.epoch,
+        )
+
+    def _watch_event(self, notice: Notice) -> pb.WatchEvent | None:
+        effect = notice.effect
+        match effect:
+            case ev.Queued():
+                kind, token, reason = pb.WatchEventKind.QUEUED, 0, ""
+            case ev.Granted(token=token):
+                kind, reason = pb.WatchEventKind.GRANTED, ""
+            case ev.Yielded(token=token):
+                kind, reason = pb.WatchEventKind.YIELDED, ""
+            case ev.LeftQueue(reason=reason):
+                kind, token = pb.WatchEventKind.LEFT_QUEUE, 0
+            case ev.Revoked(token=token, reason=reason):
+                kind = pb.WatchEventKind.REVOKED
+            case _:
+                return None
+        group = self.orch.table.groups.get(effect.group)
+        return pb.WatchEvent(
+            kind=kind,
+            group_id=effect.group,
+            job_id=effect.job,
+            time=datetime.fromtimestamp(notice.time, UTC),
+            fencing_token=token,
+            reason=reason,
+            status=self._status(group) if group else None,
+        )
+
+    # --- the edge: bounded, strict reads and error translation --------------------------
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        generated = super().__mapping__()
+        return {
+            route: grpclib.const.Handler(
+                self._handler(_METHODS[route.rsplit("/", 1)[1]], handler.cardinality),
+                handler.cardinality,
+                handler.request_type,
+                handler.reply_type,
+            )
+            for route, handler in generated.items()
+        }
+
+    def _handler(
+        self, name: str, cardinality: grpclib.const.Cardinality
+    ) -> Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]:
+        method = getattr(self, name)
+        streaming = cardinality is grpclib.const.Cardinality.UNARY_STREAM
+
+        async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+            try:
+                async with self.orch.call():
+                    request = await recv_bounded(stream, self.orch.config.max_message_bytes)
+                    if streaming:
+                        async for reply in method(request):
+                            await stream.send_message(reply)
+                    else:
+                        await stream.send_message(await method(request))
+            except TimeSliceError as exc:
+                raise to_grpc_error(exc) from exc
+            except (GRPCError, TimeoutError):
+                raise
+            except Exception as exc:
+                log.exception("%s failed", name)
+                raise GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}") from exc
+
+        return handle
+
+
+_METHODS = {
+    "Acquire": "acquire",
+    "Yield": "yield_",
+    "ListGroups": "list_groups",
+    "GetGroupStatus": "get_group_status",
+    "KeepAlive": "keep_alive",
+    "Watch": "watch",
+    "ForceRelease": "force_release",
+}
+
+
+async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> Any:
+    """Read one request of at most `limit` bytes, refusing a larger one after its
+    5-byte header, before its body is read; parse it strictly."""
+    raw = stream._stream  # grpclib reads whole messages with no size limit
+    header = await raw.recv_data(5)
+    if len(header) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request carries no message")
+    if header[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    size = int.from_bytes(header[1:5], "big")
+    if size > limit:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED, f"request of {size} bytes is over the {limit}-byte limit"
+        )
+    body = await raw.recv_data(size)
+    if len(body) != size:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request message is truncated")
+    try:
+        return decode_strict(stream._recv_type, body)
+    except ValueError as exc:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {exc}") from exc
+
+
+def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:
+    if millis is None:
+        return None
+    if millis < 0 or (positive and millis == 0):
+        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'at least 0'}")
+    return millis / 1000
+
+
+def _lease(lease: ev.LeaseInfo) -> pb.Lease:
+    expires = datetime.fromtimestamp(lease.expires_at, UTC) if lease.expires_at is not None else None
+    return pb.Lease(lease_id=lease.lease_id, ttl_ms=round(lease.ttl * 1000), expires_at=expires)

@@ -1,0 +1,491 @@
+"""The lock table: every group's lock, queue and lease, as a pure state machine.
+
+One mutator, `LockTable.handle(event) -> list[effect]`. No clock, no I/O, no
+randomness: each event carries its own `now`, so folding the journal through
+`handle` rebuilds exactly the table that served live traffic.
+
+A group's state is derived from its holder and its active job:
+
+    IDLE           nobody holds it, no context is live
+    LOCKED         `holder` holds it
+    IDLE_YIELDED   nobody holds it; the last holder's context is still live,
+                   so that job's next Acquire costs nothing
+
+Transitions (per group; `h` the holder, `j` another job):
+
+    state            event                 next state         effects
+    IDLE             Acquire(j)            LOCKED(j)          Granted
+    IDLE_YIELDED(h)  Acquire(j)            LOCKED(j)          Granted
+    LOCKED(h)        Acquire(h)            LOCKED(h)          Granted (same token: re-entrant)
+    LOCKED(h)        Acquire(j)            LOCKED(h)          Queued (or the waiter re-attached)
+    LOCKED(h)        Yield(h)              LOCKED(next)       Yielded, Granted(next)
+                                           | IDLE_YIELDED(h)  Yielded(snapshot_deferred)
+    LOCKED(h)        Revoke, ForceRelease  as for Yield       Revoked, Granted(next)
+    any              DropWaiter(j)         unchanged          LeftQueue
+    any              KeepAlive(h)          unchanged          LeaseRenewed
+    any              Recover               unchanged          (new epoch, fresh leases)
+
+Anything else raises a `TimeSliceError` and leaves the table unchanged: every
+check runs before the first write. Invariants (`validate`): at most one holder
+per group, the holder is never queued, a job is queued at most once, the
+holder's fencing token is the group's newest, a free group has nobody queued.
+
+Time-driven transitions (a lease running out, a wait limit) are not handled
+here by magic: `due(now)` says which `Revoke` or `DropWaiter` is due, and the
+shell feeds it back through `handle`, so that the journal records it as any
+other decision.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from timeslice.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+    NotHolderError,
+)
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.events import Effect, Event
+
+MAX_ID_BYTES: Final = 256
+MAX_LEASE_TTL: Final = 3600.0
+# Request ids remembered for idempotent retries; the oldest are forgotten first.
+RECENT_REQUESTS: Final = 10_000
+
+
+class GroupState(enum.Enum):
+    """A group's lock state, named as on the wire."""
+
+    IDLE = "IDLE"
+    IDLE_YIELDED = "IDLE_YIELDED"
+    LOCKED = "LOCKED"
+    SWITCHING = "SWITCHING"
+
+
+@dataclass
+class Holder:
+    """The job holding a group, and its grant."""
+
+    job: str
+    token: int
+    call_id: str  # the Acquire call that took the grant; "" while nobody has claimed it
+    request_id: str
+    granted_at: float
+    lease_ttl: float | None
+    expires_at: float | None
+    claim_deadline: float | None  # an unclaimed grant is revoked then
+
+    @property
+    def lease(self) -> ev.LeaseInfo:
+        return ev.LeaseInfo(f"lease-{self.token}", self.lease_ttl or 0.0, self.expires_at)
+
+
+@dataclass
+class Waiter:
+    """A queued job."""
+
+    job: str
+    call_id: str  # "" while detached (after a restart, until its client comes back)
+    request_id: str
+    since: float
+    lease_ttl: float | None
+    wait_deadline: float | None
+    reclaim_deadline: float | None
+
+
+@dataclass
+class Group:
+    """One group's lock."""
+
+    name: str
+    state_since: float
+    token: int = 0
+    holder: Holder | None = None
+    queue: OrderedDict[str, Waiter] = field(default_factory=OrderedDict)
+    active_job: str = ""
+    loaded_job: str = ""
+
+    @property
+    def state(self) -> GroupState:
+        if self.holder is not None:
+            return GroupState.LOCKED
+        return GroupState.IDLE_YIELDED if self.active_job else GroupState.IDLE
+
+    def position(self, job: str) -> int:
+        return list(self.queue).index(job)
+
+
+@dataclass(frozen=True)
+class _AcquireOutcome:
+    group: str
+    job: str
+    token: int
+
+
+_HOLDER: Final = ""  # timer key of a group's holder; a waiter's key is its job id
+
+
+class LockTable:
+    """Every group's lock. See the module docstring for the transitions."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+        self.epoch = 0
+        # Hold limit per group name; the "" entry is the default for every group.
+        self.hold_limits: dict[str, float | None] = {}
+        self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
+        # (deadline, group, key): a lazy heap; stale entries are skipped when met.
+        self._timers: list[tuple[float, str, str]] = []
+
+    # --- the mutator ------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Effect]:
+        """Apply one event; return what the shell must do. Raises on an illegal event,
+        leaving the table unchanged."""
+        match event:
+            case ev.Acquire():
+                return self._acquire(event)
+            case ev.Yield():
+                return self._yield(event)
+            case ev.KeepAlive():
+                return self._keep_alive(event)
+            case ev.DropWaiter():
+                return self._drop_waiter(event)
+            case ev.Revoke():
+                return self._revoke(event)
+            case ev.ForceRelease():
+                return self._force_release(event)
+            case ev.SetHoldLimit():
+                return self._set_hold_limit(event)
+            case ev.Recover():
+                return self._recover(event)
+        raise TypeError(f"not an event: {event!r}")
+
+    def _acquire(self, e: ev.Acquire) -> list[Effect]:
+        check_id("job_id", e.job)
+        check_id("group_id", e.group)
+        if e.lease_ttl is not None and not 0 < e.lease_ttl <= MAX_LEASE_TTL:
+            raise InvalidArgumentError(f"lease TTL must be in (0, {MAX_LEASE_TTL:.0f}] seconds")
+        g = self.groups.get(e.group) or Group(e.group, state_since=e.now)
+        h = g.holder
+        earlier = self.recent.get(e.request_id) if e.request_id else None
+        if isinstance(earlier, _AcquireOutcome) and not (
+            h and earlier.group == g.name and h.token == earlier.token
+        ):
+            raise LeaseLostError(
+                f"the grant made for request {e.request_id} (token {earlier.token}) has ended"
+            )
+        if h is not None and h.job == e.job:
+            return self._reenter(g, h, e)
+        if e.job in g.queue:
+            return self._reattach(g, g.queue[e.job], e)
+        waiter = Waiter(e.job, e.call_id, e.request_id, e.now, e.lease_ttl, e.wait_deadline, None)
+        self.groups[g.name] = g
+        if h is None:
+            return self._grant(g, waiter, e.now)
+        if e.wait_deadline is not None and e.wait_deadline <= e.now:
+            raise DeadlineExceededError(f"group {e.group} is held by {h.job}")
+        g.queue[e.job] = waiter
+        self._arm_waiter(g, waiter)
+        return [ev.Queued(g.name, e.job, e.call_id, len(g.queue) - 1)]
+
+    def _reenter(self, g: Group, h: Holder, e: ev.Acquire) -> list[Effect]:
+        effects: list[Effect] = []
+        if h.call_id and h.call_id != e.call_id:
+            effects.append(ev.Superseded(g.name, h.job, h.call_id))
+        h.call_id, h.claim_deadline, h.lease_ttl = e.call_id, None, e.lease_ttl
+        h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
+        self._arm_holder(g)
+        return [*effects, ev.Granted(g.name, h.job, e.call_id, h.token, h.lease, 0.0, False)]
+
+    def _reattach(self, g: Group, w: Waiter, e: ev.Acquire) -> list[Effect]:
+        effects: list[Effect] = []
+        if w.call_id and w.call_id != e.call_id:
+            effects.append(ev.Superseded(g.name, w.job, w.call_id))
+        w.call_id, w.request_id, w.reclaim_deadline = e.call_id, e.request_id, None
+        w.lease_ttl, w.wait_deadline = e.lease_ttl, e.wait_deadline
+        self._arm_waiter(g, w)
+        return [*effects, ev.Queued(g.name, w.job, e.call_id, g.position(w.job))]
+
+    def _yield(self, e: ev.Yield) -> list[Effect]:
+        g = self._existing(e.group)
+        check_id("job_id", e.job)
+        earlier = self.recent.get(e.request_id) if e.request_id else None
+        if isinstance(earlier, ev.Yielded):
+            return [earlier]
+        h = g.holder
+        if e.token is not None and (h is None or h.token != e.token or h.job != e.job):
+            raise LeaseLostError(
+                f"stale fencing token {e.token}: that grant of {e.group} has ended"
+                f" (newest token {g.token})"
+            )
+        if h is None or h.job != e.job:
+            holder = h.job if h else "nobody"
+            raise NotHolderError(f"job {e.job} does not hold group {e.group} ({holder} does)")
+        waiting = len(g.queue)
+        g.holder = None
+        granted = self._grant_next(g, e.now)
+        next_job = g.holder.job if g.holder else ""
+        answer = ev.Yielded(g.name, e.job, h.token, waiting, waiting == 0, next_job)
+        self._remember(e.request_id, answer)
+        return [answer, *granted]
+
+    def _keep_alive(self, e: ev.KeepAlive) -> list[Effect]:
+        g = self._existing(e.group)
+        h = g.holder
+        if h is None or h.job != e.job or h.lease.lease_id != e.lease_id:
+            raise LeaseLostError(f"lease {e.lease_id} of job {e.job} on {e.group} is not current")
+        h.claim_deadline = None
+        if h.lease_ttl:
+            h.expires_at = e.now + h.lease_ttl
+            self._arm_holder(g)
+        return [ev.LeaseRenewed(g.name, h.job, h.token, h.lease)]
+
+    def _drop_waiter(self, e: ev.DropWaiter) -> list[Effect]:
+        g = self.groups.get(e.group)
+        w = g.queue.get(e.job) if g else None
+        if g is None or w is None or (e.call_id and w.call_id != e.call_id):
+            return []  # it left, was granted, or re-attached through another call already
+        del g.queue[e.job]
+        return [ev.LeftQueue(g.name, e.job, w.call_id, e.reason)]
+
+    def _revoke(self, e: ev.Revoke) -> list[Effect]:
+        g = self.groups.get(e.group)
+        h = g.holder if g else None
+        if g is None or h is None or h.token != e.token or (e.call_id and h.call_id != e.call_id):
+            return []  # that grant ended already
+        return self._end_grant(g, h, e.reason, e.now)
+
+    def _force_release(self, e: ev.ForceRelease) -> list[Effect]:
+        g = self._existing(e.group)
+        h = g.holder
+        if h is None:
+            raise NotHolderError(f"group {e.group} is not locked")
+        if e.job and h.job != e.job:
+            raise NotHolderError(f"job {e.job} does not hold group {e.group} ({h.job} does)")
+        reason = f"{ev.REASON_OPERATOR}: {e.reason}" if e.reason else ev.REASON_OPERATOR
+        return self._end_grant(g, h, reason, e.now)
+
+    def _set_hold_limit(self, e: ev.SetHoldLimit) -> list[Effect]:
+        if e.max_hold is not None and e.max_hold <= 0:
+            raise InvalidArgumentError("a hold limit must be positive")
+        self.hold_limits[e.group] = e.max_hold
+        for g in self.groups.values():
+            self._arm_holder(g)
+        return []
+
+    def _recover(self, e: ev.Recover) -> list[Effect]:
+        self.epoch += 1
+        for g in self.groups.values():
+            if (h := g.holder) is not None:
+                h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
+                if h.claim_deadline is not None:
+                    h.claim_deadline = e.now + e.grace
+                self._arm_holder(g)
+            for w in g.queue.values():
+                w.call_id, w.reclaim_deadline = "", e.now + e.grace
+                self._arm_waiter(g, w)
+        return []
+
+    # --- grants -----------------------------------------------------------------------
+
+    def _grant(self, g: Group, w: Waiter, now: float) -> list[Effect]:
+        # The handoff seam: a group whose accelerators are managed by agents moves
+        # the previous context out and this one in before the grant. Groups here
+        # have no agents, so the context is live at once and nothing is restored.
+        g.token += 1
+        g.active_job = g.loaded_job = w.job
+        g.state_since = now
+        g.holder = Holder(
+            job=w.job,
+            token=g.token,
+            call_id=w.call_id,
+            request_id=w.request_id,
+            granted_at=now,
+            lease_ttl=w.lease_ttl,
+            expires_at=now + w.lease_ttl if w.lease_ttl else None,
+            claim_deadline=None if w.call_id else w.reclaim_deadline,
+        )
+        self._remember(w.request_id, _AcquireOutcome(g.name, w.job, g.token))
+        self._arm_holder(g)
+        return [ev.Granted(g.name, w.job, w.call_id, g.token, g.holder.lease, now - w.since, False)]
+
+    def _grant_next(self, g: Group, now: float) -> list[Effect]:
+        if not g.queue:
+            g.state_since = now
+            return []
+        _, waiter = g.queue.popitem(last=False)
+        return self._grant(g, waiter, now)
+
+    def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
+        g.holder = None
+        return [ev.Revoked(g.name, h.job, h.token, reason), *self._grant_next(g, now)]
+
+    def _remember(self, request_id: str, outcome: _AcquireOutcome | ev.Yielded) -> None:
+        if not request_id:
+            return
+        self.recent[request_id] = outcome
+        if len(self.recent) > RECENT_REQUESTS:
+            self.recent.popitem(last=False)
+
+    def _existing(self, name: str) -> Group:
+        check_id("group_id", name)
+        g = self.groups.get(name)
+        if g is None:
+            raise NotFoundError(f"unknown group {name!r}")
+        return g
+
+    # --- time -------------------------------------------------------------------------
+
+    def hold_limit(self, group: str) -> float | None:
+        """The longest a holder may keep `group`."""
+        return self.hold_limits.get(group, self.hold_limits.get(""))
+
+    def _holder_deadlines(self, g: Group) -> list[tuple[float, str]]:
+        h = g.holder
+        if h is None:
+            return []
+        found = []
+        if h.expires_at is not None:
+            found.append((h.expires_at, ev.REASON_LEASE_EXPIRED))
+        if (limit := self.hold_limit(g.name)) is not None:
+            found.append((h.granted_at + limit, ev.REASON_HOLD_LIMIT))
+        if h.claim_deadline is not None:
+            found.append((h.claim_deadline, ev.REASON_NOT_DELIVERED))
+        return found
+
+    @staticmethod
+    def _waiter_deadlines(w: Waiter) -> list[tuple[float, str]]:
+        found = []
+        if w.wait_deadline is not None:
+            found.append((w.wait_deadline, ev.REASON_WAIT_TIMEOUT))
+        if w.reclaim_deadline is not None:
+            found.append((w.reclaim_deadline, ev.REASON_NOT_RECLAIMED))
+        return found
+
+    def _deadline(self, group: str, key: str) -> tuple[float, str] | None:
+        g = self.groups.get(group)
+        if g is None:
+            return None
+        if key == _HOLDER:
+            found = self._holder_deadlines(g)
+        else:
+            w = g.queue.get(key)
+            found = self._waiter_deadlines(w) if w else []
+        return min(found) if found else None
+
+    def _arm_holder(self, g: Group) -> None:
+        if (d := self._deadline(g.name, _HOLDER)) is not None:
+            heapq.heappush(self._timers, (d[0], g.name, _HOLDER))
+
+    def _arm_waiter(self, g: Group, w: Waiter) -> None:
+        if (d := self._deadline(g.name, w.job)) is not None:
+            heapq.heappush(self._timers, (d[0], g.name, w.job))
+
+    def next_deadline(self) -> float | None:
+        """When the next time-driven transition falls due (None: never)."""
+        while self._timers:
+            at, group, key = self._timers[0]
+            current = self._deadline(group, key)
+            if current is not None and current[0] == at:
+                return at
+            heapq.heappop(self._timers)
+        return None
+
+    def due(self, now: float) -> ev.Revoke | ev.DropWaiter | None:
+        """The first time-driven event due at `now`, to be fed back through `handle`."""
+        at = self.next_deadline()
+        if at is None or at > now:
+            return None
+        _, group, key = self._timers[0]
+        _, reason = self._deadline(group, key) or (at, "")
+        g = self.groups[group]
+        if key == _HOLDER:
+            assert g.holder is not None
+            return ev.Revoke(now, group, g.holder.token, reason)
+        return ev.DropWaiter(now, group, key, g.queue[key].call_id, reason)
+
+    # --- checks and persistence -------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise AssertionError if an invariant does not hold."""
+        calls: list[str] = []
+        for name, g in self.groups.items():
+            assert g.name == name, (name, g.name)
+            assert g.token >= 0
+            for job, w in g.queue.items():
+                assert w.job == job, (job, w.job)
+                calls.append(w.call_id)
+            h = g.holder
+            if h is None:
+                assert not g.queue, f"{name}: waiters queued on a free group"
+                continue
+            assert h.job not in g.queue, f"{name}: holder {h.job} is also queued"
+            assert h.token == g.token, f"{name}: holder token {h.token} is not {g.token}"
+            assert g.active_job == g.loaded_job == h.job, f"{name}: holder's context not live"
+            calls.append(h.call_id)
+        attached = [c for c in calls if c]
+        assert len(attached) == len(set(attached)), "one call attached to two places"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot of the whole table."""
+        return {
+            "epoch": self.epoch,
+            "hold_limits": self.hold_limits,
+            "groups": [
+                {
+                    "name": g.name,
+                    "state_since": g.state_since,
+                    "token": g.token,
+                    "holder": asdict(g.holder) if g.holder else None,
+                    "queue": [asdict(w) for w in g.queue.values()],
+                    "active_job": g.active_job,
+                    "loaded_job": g.loaded_job,
+                }
+                for g in self.groups.values()
+            ],
+            "recent": [
+                [rid, type(o).__name__, asdict(o)] for rid, o in self.recent.items()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LockTable:
+        """The inverse of `to_dict`."""
+        table = cls()
+        table.epoch = data["epoch"]
+        table.hold_limits = dict(data["hold_limits"])
+        for gd in data["groups"]:
+            g = Group(
+                name=gd["name"],
+                state_since=gd["state_since"],
+                token=gd["token"],
+                holder=Holder(**gd["holder"]) if gd["holder"] else None,
+                queue=OrderedDict((w["job"], Waiter(**w)) for w in gd["queue"]),
+                active_job=gd["active_job"],
+                loaded_job=gd["loaded_job"],
+            )
+            table.groups[g.name] = g
+            table._arm_holder(g)
+            for w in g.queue.values():
+                table._arm_waiter(g, w)
+        outcome_types = {"_AcquireOutcome": _AcquireOutcome, "Yielded": ev.Yielded}
+        for rid, kind, fields in data["recent"]:
+            table.recent[rid] = outcome_types[kind](**fields)
+        return table
+
+
+def check_id(name: str, value: str) -> None:
+    if not value:
+        raise InvalidArgumentError(f"{name} must not be empty")
+    if len(value.encode()) > MAX_ID_BYTES:
+        raise InvalidArgumentError(f"{name} is longer than {MAX_ID_BYTES} bytes")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise InvalidArgumentError(f"{name} contains control characters")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,11 @@ def generate(out: Path) -> None:
     if plugin is None:
         sys.exit("protoc-gen-python_betterproto2 not found: pip install -e '.[dev]'")
     out.mkdir(parents=True, exist_ok=True)
+    # The plugin formats its output with ruff, found on PATH and configured from
+    # the working directory: run it beside the pinned tools, outside this
+    # repository, so that the project's own ruff settings do not change the code.
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     subprocess.run(
         [
             sys.executable, "-m", "grpc_tools.protoc",
@@ -43,7 +49,8 @@ def generate(out: Path) -> None:
             *protos,
         ],
         check=True,
-        cwd=PROTO_ROOT,
+        cwd=out,
+        env=env,
     )
 
 

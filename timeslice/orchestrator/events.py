@@ -141,7 +141,12 @@ class LeaseInfo:
 
 @dataclass(frozen=True)
 class Granted:
-    """`job` now holds `group`; answer its waiting call `call_id` (if any)."""
+    """`job` now holds `group`; answer its waiting call `call_id` (if any).
+
+    `must_deliver`: nobody has this grant yet, so if the answer cannot be
+    delivered the grant is rolled back. False when a holder asks again for a
+    grant it already took: losing that answer takes nothing away.
+    """
 
     group: str
     job: str
@@ -150,6 +155,7 @@ class Granted:
     lease: LeaseInfo
     waited: float
     context_restored: bool
+    must_deliver: bool = True
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,12 @@ class MemoryJournal(Journal):
         pass
 
     async def append(self, events: Sequence[Event]) -> int:
-        seq = self._events[-1][0] if self._events else 0
+        last = self._events[-1][0] if self._events else 0
         now = time.time()
-        for event in events:
-            seq += 1
-            self._events.append((seq, now, json.dumps(event_to_dict(event))))
-        return seq
+        # all or nothing, as a transaction would be
+        rows = [(last + i, now, json.dumps(event_to_dict(e))) for i, e in enumerate(events, 1)]
+        self._events.extend(rows)
+        return last + len(rows)
 
     async def load(self) -> Loaded:
         after, state = (self._snapshot[0], json.loads(self._snapshot[1])) if self._snapshot else (0, None)
@@ -130,9 +130,13 @@ class SqlJournal(Journal):
     The SQL is written once against a synchronous SQLAlchemy `Connection`. For
     SQLite it runs on the pysqlite driver in one dedicated thread, one hop per
     call: a durable append then costs about a third of what it costs through the
-    aiosqlite adapter, which crosses threads for every cursor operation, and
-    grants wait on that append. For PostgreSQL it runs on asyncpg through
-    `AsyncConnection.run_sync`.
+    aiosqlite adapter, which crosses threads for every cursor operation. For
+    PostgreSQL it runs on asyncpg through `AsyncConnection.run_sync`.
+
+    Grants wait on `append`, so on SQLite it takes the shortest path: one
+    DB-API connection held for appends, `BEGIN IMMEDIATE`, one `executemany`,
+    `COMMIT` (about 0.2 ms with the fsync, against 0.5 ms through Core's
+    statement machinery).
     """
 
     def __init__(self, url: str) -> None:
@@ -141,6 +145,9 @@ class SqlJournal(Journal):
         self._engine: sa.Engine | AsyncEngine | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._seq = 0
+        # Sequence numbers are handed out here, not by the database: one append at a time.
+        self._append_lock = asyncio.Lock()
+        self._writer: Any = None  # SQLite: the DB-API connection appends go through
 
     async def open(self) -> None:
         if self._engine is not None:
@@ -156,15 +163,20 @@ class SqlJournal(Journal):
             self._engine = create_async_engine(self.url, pool_pre_ping=True)
         try:
             self._seq = await self._run(_create_schema)
+            if isinstance(self._engine, sa.Engine):
+                self._writer = await self._in_thread(self._engine.raw_connection)
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
+        writer, self._writer = self._writer, None
         if isinstance(engine, AsyncEngine):
             await engine.dispose()
         elif engine is not None:
+            if writer is not None:
+                await self._in_thread(writer.close)
             await self._in_thread(engine.dispose)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -192,15 +204,19 @@ class SqlJournal(Journal):
     async def append(self, events: Sequence[Event]) -> int:
         if not events:
             return self._seq
-        now = time.time()
-        first = self._seq + 1
-        rows = [
-            {"seq": first + i, "ts": now, "kind": type(e).__name__, "payload": json.dumps(event_to_dict(e))}
-            for i, e in enumerate(events)
-        ]
-        await self._run(lambda conn: conn.execute(events_table.insert(), rows))
-        self._seq = first + len(events) - 1
-        return self._seq
+        async with self._append_lock:
+            now = time.time()
+            first = self._seq + 1
+            rows = [
+                {"seq": first + i, "ts": now, "kind": type(e).__name__, "payload": json.dumps(event_to_dict(e))}
+                for i, e in enumerate(events)
+            ]
+            if self._writer is not None:
+                await self._in_thread(lambda: _append_sqlite(self._writer, rows))
+            else:
+                await self._run(lambda conn: conn.execute(events_table.insert(), rows))
+            self._seq = first + len(events) - 1
+            return self._seq
 
     async def load(self) -> Loaded:
         return await self._run(_load)
@@ -221,6 +237,24 @@ class SqlJournal(Journal):
             return [(r.seq, r.ts, event_from_dict(json.loads(r.payload))) for r in conn.execute(query)]
 
         return await self._run(rows)
+
+
+_INSERT_EVENT = "INSERT INTO events (seq, ts, kind, payload) VALUES (:seq, :ts, :kind, :payload)"
+
+
+def _append_sqlite(dbapi_connection: Any, rows: list[dict[str, Any]]) -> None:
+    """One durable transaction on a pysqlite connection in autocommit mode."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("BEGIN IMMEDIATE")
+        try:
+            cursor.executemany(_INSERT_EVENT, rows)
+            cursor.execute("COMMIT")
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
+    finally:
+        cursor.close()
 
 
 def _create_schema(conn: sa.Connection) -> int:

@@ -18,13 +18,15 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
 from grpclib.config import Configuration
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 from timeslice.errors import (
@@ -98,7 +100,7 @@ class Orchestrator:
         self.config = config or OrchestratorConfig(**options)
         self.table = LockTable()
         self._journal: Journal | None = None
-        self._server: Server | None = None
+        self._server: _Server | None = None
         self._address: str | None = None
         self._state = "new"  # new -> serving -> closed
         self._pending: list[tuple[Event, list[Effect], asyncio.Future[list[Effect]]]] = []
@@ -166,6 +168,7 @@ class Orchestrator:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+            self._server.close_connections()
         if self._journal is not None:
             await self._journal.close()
 
@@ -208,7 +211,7 @@ class Orchestrator:
         # A small stream window: a message over the size limit is refused after
         # its 5-byte header, with at most one window of it ever buffered.
         grpc_config = Configuration(http2_stream_window_size=256 * 1024)
-        self._server = Server([OrchestratorService(self)], config=grpc_config)
+        self._server = _Server([OrchestratorService(self)], config=grpc_config)
         sock = _listening_socket(self.config.host, self.config.port)
         await self._server.start(sock=sock)
         host, port = sock.getsockname()[:2]
@@ -283,7 +286,7 @@ class Orchestrator:
                     fut = self._calls.get(effect.call_id)
                     if fut is not None and not fut.done():
                         fut.set_result(effect)
-                    elif effect.call_id and fut is None:
+                    elif effect.call_id and fut is None and effect.must_deliver:
                         # The call that asked is gone: roll the grant back.
                         revoke = ev.Revoke(time.time(), effect.group, effect.token,
                                            ev.REASON_NOT_DELIVERED, effect.call_id)
@@ -398,8 +401,9 @@ class Orchestrator:
             return  # its place is kept: the client retries against the next start
         now = time.time()
         if granted.done() and not granted.cancelled() and granted.exception() is None:
-            token = granted.result().token
-            self._apply(ev.Revoke(now, group, token, ev.REASON_NOT_DELIVERED, call_id))
+            grant = granted.result()
+            if grant.must_deliver:
+                self._apply(ev.Revoke(now, group, grant.token, ev.REASON_NOT_DELIVERED, call_id))
         else:
             self._apply(ev.DropWaiter(now, group, job, call_id, ev.REASON_CANCELLED))
 
@@ -426,17 +430,34 @@ class Orchestrator:
             raise NotFoundError(f"unknown group {name!r}")
         return group
 
-    async def watch(self, group: str = "", max_backlog: int = 10_000) -> AsyncIterator[Notice]:
-        """What happens to `group` ("" for all), from now until close. A watcher that
-        falls `max_backlog` notices behind is ended."""
-        queue: asyncio.Queue[Notice | None] = asyncio.Queue(max_backlog)
-        entry = (group, queue)
-        self._watchers.add(entry)
-        try:
-            while (notice := await queue.get()) is not None:
-                yield notice
-        finally:
-            self._watchers.discard(entry)
+    def watch(self, group: str = "", max_backlog: int = 10_000) -> Watch:
+        """What happens to `group` ("" for all), from this call on until close. A
+        watcher that falls `max_backlog` notices behind is ended."""
+        watch = Watch(group, asyncio.Queue(max_backlog), self._watchers.discard)
+        self._watchers.add((group, watch.queue))
+        return watch
+
+
+class Watch:
+    """An async iterator of `Notice`s, registered from the moment it is made."""
+
+    def __init__(
+        self, group: str, queue: asyncio.Queue[Notice | None], forget: Callable[[Any], None]
+    ) -> None:
+        self.group, self.queue, self._forget = group, queue, forget
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Notice:
+        notice = await self.queue.get()
+        if notice is None:
+            raise StopAsyncIteration
+        return notice
+
+    def close(self) -> None:
+        """Stop receiving notices."""
+        self._forget((self.group, self.queue))
 
 
 _T = TypeVar("_T")
@@ -447,6 +468,26 @@ def _first(effects: list[Effect], kind: type[_T]) -> _T:
         if isinstance(effect, kind):
             return effect
     raise TypeError(f"no {kind.__name__} among {effects!r}")
+
+
+class _Server(Server):
+    """grpclib's server, which also closes the connections it accepted when asked:
+    its own close() only stops listening and cancels calls, so clients would keep
+    talking to a server that is gone instead of reconnecting to its successor."""
+
+    def __init__(self, handlers: list[Any], *, config: Configuration) -> None:
+        super().__init__(handlers, config=config)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            if hasattr(protocol, "processor"):
+                protocol.processor.close("the server is closing")
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

@@ -90,9 +90,12 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             if name in self.orch.table.groups:
                 status = self._status(self.orch.group(name))
                 yield pb.WatchEvent(kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status)
-        async for notice in notices:
-            if (event := self._watch_event(notice)) is not None:
-                yield event
+        try:
+            async for notice in notices:
+                if (event := self._watch_event(notice)) is not None:
+                    yield event
+        finally:
+            notices.close()
 
     async def force_release(self, message: pb.ForceReleaseRequest) -> pb.ForceReleaseResponse:
         effects = await self.orch.force_release(message.group_id, message.job_id, message.reason)

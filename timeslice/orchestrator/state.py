@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import unicodedata
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
@@ -81,6 +82,7 @@ class Holder:
     lease_ttl: float | None
     expires_at: float | None
     claim_deadline: float | None  # an unclaimed grant is revoked then
+    previous_job: str = ""  # the active job before this grant, restored if it is never taken
 
     @property
     def lease(self) -> ev.LeaseInfo:
@@ -197,13 +199,19 @@ class LockTable:
         return [ev.Queued(g.name, e.job, e.call_id, len(g.queue) - 1)]
 
     def _reenter(self, g: Group, h: Holder, e: ev.Acquire) -> list[Effect]:
+        # The new call takes the grant over, so that an earlier call of the same
+        # job going away cannot roll it back. Only a grant nobody has claimed yet
+        # (made while its waiter was detached) depends on this answer arriving.
         effects: list[Effect] = []
         if h.call_id and h.call_id != e.call_id:
             effects.append(ev.Superseded(g.name, h.job, h.call_id))
+        unclaimed = h.claim_deadline is not None
         h.call_id, h.claim_deadline, h.lease_ttl = e.call_id, None, e.lease_ttl
         h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
+        self._remember(e.request_id, _AcquireOutcome(g.name, h.job, h.token))
         self._arm_holder(g)
-        return [*effects, ev.Granted(g.name, h.job, e.call_id, h.token, h.lease, 0.0, False)]
+        granted = ev.Granted(g.name, h.job, e.call_id, h.token, h.lease, 0.0, False, unclaimed)
+        return [*effects, granted]
 
     def _reattach(self, g: Group, w: Waiter, e: ev.Acquire) -> list[Effect]:
         effects: list[Effect] = []
@@ -245,7 +253,9 @@ class LockTable:
         h.claim_deadline = None
         if h.lease_ttl:
             h.expires_at = e.now + h.lease_ttl
-            self._arm_holder(g)
+        # Re-arm even without a lease: a claim deadline just cleared may have been
+        # the only armed deadline, hiding a later hold limit.
+        self._arm_holder(g)
         return [ev.LeaseRenewed(g.name, h.job, h.token, h.lease)]
 
     def _drop_waiter(self, e: ev.DropWaiter) -> list[Effect]:
@@ -301,6 +311,7 @@ class LockTable:
         # the previous context out and this one in before the grant. Groups here
         # have no agents, so the context is live at once and nothing is restored.
         g.token += 1
+        previous = g.active_job
         g.active_job = g.loaded_job = w.job
         g.state_since = now
         g.holder = Holder(
@@ -312,6 +323,7 @@ class LockTable:
             lease_ttl=w.lease_ttl,
             expires_at=now + w.lease_ttl if w.lease_ttl else None,
             claim_deadline=None if w.call_id else w.reclaim_deadline,
+            previous_job=previous,
         )
         self._remember(w.request_id, _AcquireOutcome(g.name, w.job, g.token))
         self._arm_holder(g)
@@ -326,6 +338,9 @@ class LockTable:
 
     def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
         g.holder = None
+        if reason == ev.REASON_NOT_DELIVERED:
+            # Nobody took the grant: its job never ran, the previous context is live.
+            g.active_job = g.loaded_job = h.previous_job
         return [ev.Revoked(g.name, h.job, h.token, reason), *self._grant_next(g, now)]
 
     def _remember(self, request_id: str, outcome: _AcquireOutcome | ev.Yielded) -> None:
@@ -438,7 +453,7 @@ class LockTable:
         """A JSON-ready snapshot of the whole table."""
         return {
             "epoch": self.epoch,
-            "hold_limits": self.hold_limits,
+            "hold_limits": dict(self.hold_limits),
             "groups": [
                 {
                     "name": g.name,
@@ -487,5 +502,5 @@ def check_id(name: str, value: str) -> None:
         raise InvalidArgumentError(f"{name} must not be empty")
     if len(value.encode()) > MAX_ID_BYTES:
         raise InvalidArgumentError(f"{name} is longer than {MAX_ID_BYTES} bytes")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidArgumentError(f"{name} contains control characters")

@@ -531,6 +531,10 @@ class YieldResponse(betterproto2.Message):
     success: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
     pending_waiters: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
+    """
+    How many jobs were waiting when the lock was released, the next holder
+    among them.
+    """
 
     snapshot_deferred: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
     """

@@ -1,0 +1,685 @@
+"""Handoff latency against the grpclib floor, and lock throughput.
+
+    python benchmarks/handoff.py --json results.json [--profile handoff.pstats]
+
+Three measurements in one run. Each server runs in its own process, as in real
+life, and the measuring clients run in this one:
+
+  echo      a plain grpclib unary round trip on loopback: the floor.
+  handoff   from job A sending Yield to job B's blocked Acquire returning. A and
+            B are separate connections from separate processes; B stamps the time
+            with time.monotonic(), which on Linux is one clock for every process.
+  cycles    100 jobs in 10 groups, each looping acquire -> yield on its group:
+            cycles completed per second over a fixed window.
+
+The orchestrator journals to SQLite in a temporary directory, with its defaults
+(WAL, synchronous=FULL). `--profile` then runs a fresh orchestrator that stamps
+each stage of a handoff on the server side and runs cProfile over a second batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import math
+import multiprocessing
+import os
+import platform
+import pstats
+import socket
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from importlib.metadata import version
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import grpclib.const
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.server import Server, Stream
+
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+
+HANDOFF_GROUP = "handoff"
+JOB_A, JOB_B = "job-a", "job-b"
+ECHO_ROUTE = "/bench.Echo/Echo"
+CALL_TIMEOUT = 30.0
+now = time.monotonic  # system-wide on Linux: comparable between processes
+
+
+# --- servers, each in its own process --------------------------------------------------
+
+
+class EchoService:
+    """One unary method that sends the request back: the least a grpclib call costs."""
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            ECHO_ROUTE: grpclib.const.Handler(
+                self.echo,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                pb.AcquireRequest,
+                pb.AcquireRequest,
+            )
+        }
+
+    async def echo(self, stream: Stream[pb.AcquireRequest, pb.AcquireRequest]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await stream.send_message(request)
+
+
+class EchoStub:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    async def echo(self, request: pb.AcquireRequest) -> pb.AcquireRequest:
+        async with self.channel.request(
+            ECHO_ROUTE,
+            grpclib.const.Cardinality.UNARY_UNARY,
+            pb.AcquireRequest,
+            pb.AcquireRequest,
+            timeout=CALL_TIMEOUT,
+        ) as stream:
+            await stream.send_message(request, end=True)
+            reply = await stream.recv_message()
+        assert reply is not None
+        return reply
+
+
+def serve(kind: str, conn: Connection, db: str | None) -> None:
+    """Process entry point: serve `kind` ("echo", "orchestrator" or "instrumented")
+    until told to stop, answering commands on `conn`."""
+    asyncio.run(_serve(kind, conn, db))
+
+
+async def _serve(kind: str, conn: Connection, db: str | None) -> None:
+    stages = _instrument() if kind == "instrumented" else None
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "echo":
+            address = await stack.enter_async_context(_echo_server())
+        else:
+            from timeslice.orchestrator.server import Orchestrator
+
+            orch = await stack.enter_async_context(Orchestrator(db=f"sqlite:///{db}", port=0))
+            address = orch.address
+        conn.send(address)
+        profiler: cProfile.Profile | None = None
+        while (command := await receive(conn)) != "stop":
+            match command:
+                case "cpu":
+                    conn.send(time.process_time())
+                case ("stages", on):
+                    assert stages is not None
+                    stages.enabled = on
+                    conn.send(stages.take())
+                case ("profile", path):
+                    if profiler is None:
+                        profiler = cProfile.Profile()
+                        profiler.enable()
+                        conn.send(None)
+                    else:
+                        profiler.disable()
+                        profiler.dump_stats(path)
+                        profiler = None
+                        conn.send(None)
+                case _:
+                    raise ValueError(f"unknown command {command!r}")
+
+
+@contextlib.asynccontextmanager
+async def _echo_server() -> AsyncIterator[str]:
+    # The same server settings as the orchestrator's: Nagle off, 256 KiB stream window.
+    server = Server([EchoService()], config=Configuration(http2_stream_window_size=256 * 1024))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.setblocking(False)
+    await server.start(sock=sock)
+    try:
+        yield "127.0.0.1:%d" % sock.getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class ServerProcess:
+    """A server in a spawned process, driven over a pipe."""
+
+    def __init__(self, kind: str, db: str | None = None) -> None:
+        self.conn, child = multiprocessing.get_context("spawn").Pipe()
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=serve, args=(kind, child, db), name=f"bench-{kind}", daemon=True
+        )
+        self.address = ""
+
+    async def __aenter__(self) -> ServerProcess:
+        self.process.start()
+        self.address = await asyncio.wait_for(receive(self.conn), 60)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send("stop")
+        await asyncio.to_thread(self.process.join, 15)
+        if self.process.is_alive():
+            self.process.terminate()
+            await asyncio.to_thread(self.process.join, 5)
+
+    async def ask(self, command: Any) -> Any:
+        self.conn.send(command)
+        return await asyncio.wait_for(receive(self.conn), 60)
+
+
+async def receive(conn: Connection) -> Any:
+    """`conn.recv()` without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    while not conn.poll():
+        readable = asyncio.Event()
+        loop.add_reader(conn.fileno(), readable.set)
+        try:
+            await readable.wait()
+        finally:
+            loop.remove_reader(conn.fileno())
+    return conn.recv()
+
+
+def channel(address: str) -> Channel:
+    host, port = address.rsplit(":", 1)
+    return Channel(host, int(port))
+
+
+# --- the measurements ---------------------------------------------------------------------
+
+
+async def measure_echo(address: str, samples: int, warmup: int) -> list[float]:
+    """Round trips of a plain grpclib unary call, in seconds."""
+    async with channel(address) as ch:
+        stub = EchoStub(ch)
+        request = pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP)
+        times = []
+        for i in range(warmup + samples):
+            t0 = now()
+            await stub.echo(request)
+            if i >= warmup:
+                times.append(now() - t0)
+    return times
+
+
+@dataclass
+class Handoffs:
+    latency: list[float]  # A sends Yield -> B's Acquire returns, in B's process
+    yield_rtt: list[float]  # A's Yield round trip
+    sent_at: list[float]  # when A sent each Yield
+    echo: list[float]  # echo round trips, each after the same pause as a Yield
+
+
+async def measure_handoffs(
+    address: str, samples: int, warmup: int, settle: float, echo_address: str | None = None
+) -> Handoffs:
+    """A holds the group and B waits in its queue (durably: the run pauses `settle`
+    seconds after B shows up there); then A yields. With `echo_address`, each
+    sample also times one echo after the same pause, so that both start from the
+    same idle machine and share its background load."""
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    waiter = multiprocessing.get_context("spawn").Process(
+        target=wait_in_queue, args=(child, address), name="bench-job-b", daemon=True
+    )
+    waiter.start()
+    result = Handoffs([], [], [], [])
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            a = pb.TimeSliceOrchestratorServiceStub(
+                await stack.enter_async_context(channel(address)), timeout=CALL_TIMEOUT
+            )
+            status = pb.TimeSliceOrchestratorServiceStub(
+                await stack.enter_async_context(channel(address)), timeout=CALL_TIMEOUT
+            )
+            echo = (
+                EchoStub(await stack.enter_async_context(channel(echo_address)))
+                if echo_address
+                else None
+            )
+            echo_request = pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP)
+            assert await asyncio.wait_for(receive(parent), 60) == "ready"
+            for i in range(warmup + samples):
+                if echo is not None:
+                    await asyncio.sleep(settle)
+                    t0 = now()
+                    await echo.echo(echo_request)
+                    t_echo = now() - t0
+                await a.acquire(pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP))
+                parent.send("acquire")
+                await _until_queued(status, JOB_B)
+                await asyncio.sleep(settle)
+                t0 = now()
+                await a.yield_(pb.YieldRequest(job_id=JOB_A, group_id=HANDOFF_GROUP))
+                t_yield = now() - t0
+                t1 = await asyncio.wait_for(receive(parent), CALL_TIMEOUT)
+                if i >= warmup:
+                    result.latency.append(t1 - t0)
+                    result.yield_rtt.append(t_yield)
+                    result.sent_at.append(t0)
+                    if echo is not None:
+                        result.echo.append(t_echo)
+        parent.send("stop")
+        await asyncio.to_thread(waiter.join, 15)
+    finally:
+        if waiter.is_alive():
+            waiter.terminate()
+    return result
+
+
+async def _until_queued(status: pb.TimeSliceOrchestratorServiceStub, job: str) -> None:
+    request = pb.GetGroupStatusRequest(group_id=HANDOFF_GROUP)
+    while job not in (await status.get_group_status(request)).group.waiting_jobs:
+        await asyncio.sleep(0.0005)
+
+
+def wait_in_queue(conn: Connection, address: str) -> None:
+    """Process entry point for job B: on each "acquire", block in Acquire, stamp the
+    moment it returns, yield, and report the stamp."""
+
+    async def run() -> None:
+        async with channel(address) as ch:
+            b = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+            conn.send("ready")
+            while await receive(conn) == "acquire":
+                await b.acquire(pb.AcquireRequest(job_id=JOB_B, group_id=HANDOFF_GROUP))
+                t1 = now()
+                await b.yield_(pb.YieldRequest(job_id=JOB_B, group_id=HANDOFF_GROUP))
+                conn.send(t1)
+
+    asyncio.run(run())
+
+
+@dataclass
+class Cycles:
+    completed: int
+    window: float
+    client_cpu: float  # CPU seconds this process used during the window
+    server_cpu: float  # CPU seconds the orchestrator used during the window
+
+
+async def measure_cycles(
+    server: ServerProcess, jobs: int, groups: int, warmup: float, window: float
+) -> Cycles:
+    """`jobs` jobs, each on its own connection, spread over `groups` groups, each
+    looping acquire -> yield; count the cycles that end inside the window."""
+    stop = asyncio.Event()
+    start_at = now() + warmup
+    end_at = start_at + window
+    counts = [0] * jobs
+
+    async def job(index: int, ch: Channel) -> None:
+        stub = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+        name, group = f"job-{index:03d}", f"group-{index % groups:02d}"
+        while not stop.is_set():
+            await stub.acquire(pb.AcquireRequest(job_id=name, group_id=group))
+            await stub.yield_(pb.YieldRequest(job_id=name, group_id=group))
+            if start_at <= now() < end_at:
+                counts[index] += 1
+
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [await stack.enter_async_context(channel(server.address)) for _ in range(jobs)]
+        tasks = [asyncio.create_task(job(i, ch)) for i, ch in enumerate(channels)]
+        await asyncio.sleep(max(0.0, start_at - now()))
+        cpu0, server_cpu0 = time.process_time(), await server.ask("cpu")
+        await asyncio.sleep(max(0.0, end_at - now()))
+        cpu1, server_cpu1 = time.process_time(), await server.ask("cpu")
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    return Cycles(sum(counts), window, cpu1 - cpu0, server_cpu1 - server_cpu0)
+
+
+# --- where a handoff's time goes, on the server side (--profile) ---------------------------
+
+
+class Stages:
+    """Server-side stamps of each handoff, from A's Yield to B's grant."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.open: dict[str, float] | None = None
+        self.done: list[dict[str, float]] = []
+
+    def take(self) -> list[dict[str, float]]:
+        done, self.done, self.open = self.done, [], None
+        return done
+
+
+def _instrument() -> Stages:
+    """Wrap the servicer's Yield and Acquire and the SQLite journal's append to stamp
+    a handoff's stages. Measurement only: nothing they do changes."""
+    from timeslice.orchestrator.journal import SqlJournal
+    from timeslice.orchestrator.service import OrchestratorService
+
+    stages = Stages()
+    yield_, acquire = OrchestratorService.yield_, OrchestratorService.acquire
+    append, in_thread = SqlJournal.append, getattr(SqlJournal, "_in_thread", None)
+
+    async def stamped_yield(self: Any, message: pb.YieldRequest) -> pb.YieldResponse:
+        if stages.enabled and message.job_id == JOB_A:
+            stages.open = {"yield_handler": now()}
+        return await yield_(self, message)
+
+    async def stamped_acquire(self: Any, message: pb.AcquireRequest) -> pb.AcquireResponse:
+        reply = await acquire(self, message)
+        record = stages.open
+        if record is not None and message.job_id == JOB_B:
+            record["grant_returned"] = now()
+            stages.done.append(record)
+            stages.open = None
+        return reply
+
+    async def stamped_append(self: Any, events: Any) -> int:
+        record, start = stages.open, now()
+        seq = await append(self, events)
+        if record is not None and "append_start" not in record:
+            record.update(append_start=start, append_end=now())
+        return seq
+
+    async def stamped_in_thread(self: Any, fn: Callable[[], Any]) -> Any:
+        record, stamps = stages.open, {}
+
+        def timed() -> Any:
+            stamps["start"] = now()
+            try:
+                return fn()
+            finally:
+                stamps["end"] = now()
+
+        result = await in_thread(self, timed)
+        if record is not None and "sql_start" not in record:
+            record.update(sql_start=stamps["start"], sql_end=stamps["end"])
+        return result
+
+    OrchestratorService.yield_ = stamped_yield  # type: ignore[method-assign]
+    OrchestratorService.acquire = stamped_acquire  # type: ignore[method-assign]
+    SqlJournal.append = stamped_append  # type: ignore[method-assign]
+    if in_thread is not None:  # the journal's one hop to its SQLite thread
+        SqlJournal._in_thread = stamped_in_thread  # type: ignore[method-assign]
+    return stages
+
+
+STAGES = [
+    ("Yield request: client -> server handler (HTTP/2, decode)", "sent", "yield_handler"),
+    ("lock table + start of the journal batch", "yield_handler", "append_start"),
+    ("hop to the journal thread", "append_start", "sql_start"),
+    ("SQLite insert + commit (fsync)", "sql_start", "sql_end"),
+    ("hop back to the event loop", "sql_end", "append_end"),
+    ("journal durable -> B's Acquire handler resumes", "append_end", "grant_returned"),
+    ("Acquire reply: encode, send, client receives", "grant_returned", "returned"),
+]
+
+CATEGORIES = [
+    ("idle in epoll (waiting: network, journal thread)", ("select.epoll", "selectors.py")),
+    ("socket send/recv syscalls", ("_socket.socket",)),
+    ("grpclib + h2 (HTTP/2 frames, headers)", ("grpclib", "/h2/", "/hpack/", "/hyperframe/")),
+    ("betterproto2 (encode, decode)", ("betterproto2", "timeslice/api/", "warnings.py")),
+    ("timeslice (servicer, orchestrator, lock table)", ("timeslice/",)),
+    (
+        "journal on the loop (to-dict, json, thread handoff)",
+        (
+            "json",
+            "sqlalchemy",
+            "concurrent/futures",
+            "_queue",
+            "threading.py",
+            "dataclasses.py",
+            "copy.py",
+        ),
+    ),
+    ("logging calls (h2, hpack)", ("logging/",)),
+    ("asyncio event loop", ("asyncio", "_contextvars")),
+]
+
+
+def _category(key: tuple[str, int, str]) -> str:
+    where = f"{key[0]}:{key[2]}"
+    for name, needles in CATEGORIES:
+        if any(needle in where for needle in needles):
+            return name
+    return "other (builtins, enum, typing, ...)"
+
+
+async def profile_handoffs(
+    db: str, samples: int, warmup: int, settle: float, pstats_path: str
+) -> dict[str, Any]:
+    async with ServerProcess("instrumented", db) as server:
+        await measure_handoffs(server.address, 0, warmup, settle)
+        await server.ask(("stages", True))
+        stamped = await measure_handoffs(server.address, samples, 0, settle)
+        records = await server.ask(("stages", False))
+        await server.ask(("profile", pstats_path))
+        cpu0 = await server.ask("cpu")
+        profiled = await measure_handoffs(server.address, samples, 0, settle)
+        cpu1 = await server.ask("cpu")
+        await server.ask(("profile", pstats_path))
+    breakdown: dict[str, float] = {}
+    if len(records) == samples:
+        for record, sent, latency in zip(records, stamped.sent_at, stamped.latency, strict=True):
+            record.update(sent=sent, returned=sent + latency)
+        for label, begin, end in STAGES:
+            if all(begin in r and end in r for r in records):
+                breakdown[label] = statistics.median(r[end] - r[begin] for r in records) * 1000
+    stats = pstats.Stats(pstats_path)
+    by_category: dict[str, float] = {}
+    rpcs = 0
+    for key, (_, calls, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        by_category[_category(key)] = by_category.get(_category(key), 0.0) + tottime
+        if key[0].endswith("grpclib/server.py") and key[2] == "request_handler":
+            rpcs += calls
+    idle = by_category.pop(CATEGORIES[0][0], 0.0)
+    busy = sum(by_category.values())
+    return {
+        "samples": samples,
+        "handoff_p50_ms_stamped": statistics.median(stamped.latency) * 1000,
+        "stages_p50_ms": breakdown,
+        "handoff_p50_ms_under_cprofile": statistics.median(profiled.latency) * 1000,
+        "server_cpu_ms_per_sample_under_cprofile": (cpu1 - cpu0) / samples * 1000,
+        "server_rpcs_per_sample": rpcs / samples,
+        "server_main_thread_busy_ms_per_sample": busy / samples * 1000,
+        "server_main_thread_idle_ms_per_sample": idle / samples * 1000,
+        "server_main_thread_busy_pct_by_category": {
+            name: 100 * seconds / busy
+            for name, seconds in sorted(by_category.items(), key=lambda item: -item[1])
+        },
+        "pstats": pstats_path,
+    }
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu_model": model or platform.processor(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "grpclib": version("grpclib"),
+        "betterproto2": version("betterproto2"),
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="timeslice-bench-") as tmp:
+        async with (
+            ServerProcess("echo") as echo,
+            ServerProcess("orchestrator", f"{tmp}/journal.db") as orch,
+        ):
+            back_to_back = await measure_echo(echo.address, args.echoes, args.warmup)
+            handoffs = await measure_handoffs(
+                orch.address, args.handoffs, args.warmup, args.settle_ms / 1000, echo.address
+            )
+            cycles = await measure_cycles(
+                orch, args.jobs, args.groups, args.cycle_warmup, args.window
+            )
+        profile = None
+        if args.profile:
+            profile = await profile_handoffs(
+                f"{tmp}/profile.db",
+                args.profile_handoffs,
+                args.warmup,
+                args.settle_ms / 1000,
+                args.profile,
+            )
+    ms = 1000
+    echoes = handoffs.echo
+    result: dict[str, Any] = {
+        "echo_p50_ms": statistics.median(echoes) * ms,
+        "echo_p99_ms": percentile(echoes, 0.99) * ms,
+        "handoff_p50_ms": statistics.median(handoffs.latency) * ms,
+        "handoff_p99_ms": percentile(handoffs.latency, 0.99) * ms,
+        "handoff_over_echo_p50": statistics.median(handoffs.latency) / statistics.median(echoes),
+        "echo_back_to_back_p50_ms": statistics.median(back_to_back) * ms,
+        "echo_back_to_back_p99_ms": percentile(back_to_back, 0.99) * ms,
+        "handoff_over_echo_back_to_back_p50": statistics.median(handoffs.latency)
+        / statistics.median(back_to_back),
+        "yield_rtt_p50_ms": statistics.median(handoffs.yield_rtt) * ms,
+        "yield_rtt_p99_ms": percentile(handoffs.yield_rtt, 0.99) * ms,
+        "cycles_per_s": cycles.completed / cycles.window,
+        "cycles_server_cpu_pct": 100 * cycles.server_cpu / cycles.window,
+        "cycles_client_cpu_pct": 100 * cycles.client_cpu / cycles.window,
+        "target_handoff_over_echo_p50": 3.0,
+        "parameters": {
+            "echoes_back_to_back": args.echoes,
+            "echoes_paced": args.handoffs,
+            "handoffs": args.handoffs,
+            "warmup": args.warmup,
+            "settle_ms": args.settle_ms,
+            "jobs": args.jobs,
+            "groups": args.groups,
+            "cycle_warmup_s": args.cycle_warmup,
+            "window_s": args.window,
+            "journal": "sqlite file in a temp dir, WAL, synchronous=FULL",
+            "transport": "grpclib over TCP loopback; servers in spawned processes",
+        },
+        "machine": machine(),
+    }
+    if profile is not None:
+        result["profile"] = profile
+    return result
+
+
+def print_table(r: dict[str, Any]) -> None:
+    m, p = r["machine"], r["parameters"]
+    print(
+        f"timeslice handoff benchmark: {m['cpus_usable']} CPUs ({m['cpu_model']}), Python {m['python']}"
+    )
+    print(f"journal: {p['journal']}; pause before each Yield and paced echo: {p['settle_ms']:g} ms")
+    print()
+    print(f"{'':50} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
+    rows = [
+        ("grpclib unary echo, after the same pause", "echo", p["echoes_paced"]),
+        ("grpclib unary echo, back to back", "echo_back_to_back", p["echoes_back_to_back"]),
+        ("handoff: A sends Yield -> B's Acquire returns", "handoff", p["handoffs"]),
+        ("A's Yield round trip", "yield_rtt", p["handoffs"]),
+    ]
+    for label, key, n in rows:
+        print(f"{label:50} {r[key + '_p50_ms']:8.3f} {r[key + '_p99_ms']:8.3f} {n:6}")
+    target = r["target_handoff_over_echo_p50"]
+    for label, key in [
+        ("paced echo", "handoff_over_echo_p50"),
+        ("back-to-back echo", "handoff_over_echo_back_to_back_p50"),
+    ]:
+        ratio = r[key]
+        verdict = "met" if ratio <= target else "not met"
+        print(
+            f"{'handoff p50 / ' + label + ' p50':50} {ratio:8.2f}x  (target <= {target:g}x: {verdict})"
+        )
+    print(
+        f"{'acquire/yield cycles per second':50} {r['cycles_per_s']:8.0f}  "
+        f"({p['jobs']} jobs, {p['groups']} groups, {p['window_s']:g} s; "
+        f"CPU: orchestrator {r['cycles_server_cpu_pct']:.0f}%, clients {r['cycles_client_cpu_pct']:.0f}%)"
+    )
+    if (profile := r.get("profile")) is not None:
+        print()
+        print(
+            f"server side of a handoff, p50 of each stage ({profile['samples']} handoffs, "
+            f"end to end p50 {profile['handoff_p50_ms_stamped']:.3f} ms):"
+        )
+        for label, value in profile["stages_p50_ms"].items():
+            print(f"  {label:58} {value:7.3f} ms")
+        print(
+            f"under cProfile (handoff p50 {profile['handoff_p50_ms_under_cprofile']:.3f} ms), per sample "
+            f"({profile['server_rpcs_per_sample']:.1f} RPCs: 2 Acquire, 2 Yield, status polls): "
+            f"orchestrator CPU {profile['server_cpu_ms_per_sample_under_cprofile']:.2f} ms, main thread outside epoll "
+            f"{profile['server_main_thread_busy_ms_per_sample']:.2f} ms, of which:"
+        )
+        for label, value in profile["server_main_thread_busy_pct_by_category"].items():
+            print(f"  {label:58} {value:6.1f} %")
+        print(f"  (pstats: {profile['pstats']})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    parser.add_argument("--echoes", type=int, default=1000, help="measured echo round trips")
+    parser.add_argument("--handoffs", type=int, default=500, help="measured handoffs")
+    parser.add_argument(
+        "--warmup", type=int, default=50, help="unmeasured echoes and handoffs first"
+    )
+    parser.add_argument(
+        "--settle-ms",
+        type=float,
+        default=5.0,
+        help="pause after B is queued, so that its Acquire is durable before A yields",
+    )
+    parser.add_argument("--jobs", type=int, default=100, help="jobs in the throughput run")
+    parser.add_argument("--groups", type=int, default=10, help="groups in the throughput run")
+    parser.add_argument(
+        "--cycle-warmup", type=float, default=1.0, help="seconds before the window opens"
+    )
+    parser.add_argument(
+        "--window", type=float, default=5.0, help="seconds over which cycles are counted"
+    )
+    parser.add_argument(
+        "--profile", metavar="PSTATS", help="also profile the server side of handoffs"
+    )
+    parser.add_argument(
+        "--profile-handoffs", type=int, default=200, help="handoffs per profiled batch"
+    )
+    args = parser.parse_args()
+    if args.profile:
+        Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+    started = now()
+    result = asyncio.run(run(args))
+    result["wall_s"] = now() - started
+    print_table(result)
+    print(f"\n{result['wall_s']:.1f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

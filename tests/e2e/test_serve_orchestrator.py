@@ -1,0 +1,303 @@
+"""`timeslice serve orchestrator` as a process: killed with SIGKILL, restarted on
+the same journal, stopped with SIGTERM, and driven by the `timeslice` CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpclib.client
+import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TIMESLICE = [sys.executable, "-m", "timeslice"]
+CALL_TIMEOUT = 10.0
+Stub = pb.TimeSliceOrchestratorServiceStub
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def connect(port: int) -> AsyncIterator[Stub]:
+    channel = grpclib.client.Channel("127.0.0.1", port)
+    try:
+        yield pb.TimeSliceOrchestratorServiceStub(channel, timeout=CALL_TIMEOUT)
+    finally:
+        channel.close()
+
+
+async def status_of(stub: Stub, group: str) -> pb.GroupStatus:
+    return (await stub.get_group_status(pb.GetGroupStatusRequest(group_id=group))).group
+
+
+async def wait_queued(
+    stub: Stub, group: str, jobs: list[str], timeout: float = 5.0
+) -> pb.GroupStatus:
+    deadline = time.monotonic() + timeout
+    while list((status := await status_of(stub, group)).waiting_jobs) != jobs:
+        assert time.monotonic() < deadline, f"queue is {list(status.waiting_jobs)}, not {jobs}"
+        await asyncio.sleep(0.01)
+    return status
+
+
+async def grpc_status(call: Awaitable[Any]) -> Status:
+    try:
+        answer = await call
+    except GRPCError as exc:
+        return exc.status
+    raise AssertionError(f"the call succeeded: {answer!r}")
+
+
+def acquire(job: str, group: str, request_id: str = "") -> pb.AcquireRequest:
+    return pb.AcquireRequest(job_id=job, group_id=group, request_id=request_id)
+
+
+class Server:
+    """One `timeslice serve orchestrator` process; its log goes to a file."""
+
+    def __init__(self, port: int, db: str, log: Path, *options: str) -> None:
+        self.port, self.log = port, log
+        command = [*TIMESLICE, "serve", "orchestrator", "--port", str(port), "--db", db, *options]
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent
+            )
+
+    async def ready(self, timeout: float = 30.0) -> None:
+        """Wait until it answers ListGroups."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.process.poll() is None, f"the server exited:\n{self.log.read_text()}"
+            async with connect(self.port) as stub:
+                try:
+                    await stub.list_groups(timeout=1)
+                    return
+                except (OSError, GRPCError, TimeoutError):
+                    pass
+            assert time.monotonic() < deadline, (
+                f"the server never answered:\n{self.log.read_text()}"
+            )
+            await asyncio.sleep(0.1)
+
+    def stop(self, sig: signal.Signals, timeout: float) -> int:
+        self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'journal.db'}"
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Awaitable[Server]]]:
+    """Start servers; each is killed at the end of the test if still running."""
+    started: list[Server] = []
+
+    async def start(port: int, db: str, *options: str) -> Server:
+        server = Server(port, db, tmp_path / "server.log", *options)
+        started.append(server)
+        await server.ready()
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+        server.process.wait(10)
+
+
+async def test_sigkill_and_restart_keep_holder_queue_and_token(
+    serve: Callable[..., Awaitable[Server]], journal: str
+) -> None:
+    group, port = "gpus", free_port()
+    server = await serve(port, journal, "--recovery-grace", "15")
+    async with connect(port) as stub:
+        held = await stub.acquire(acquire("holder", group, "acquire-holder"))
+        waiters = []
+        for job in ("first", "second"):
+            waiters.append(
+                asyncio.ensure_future(stub.acquire(acquire(job, group, f"acquire-{job}")))
+            )
+            await wait_queued(stub, group, ["first", "second"][: len(waiters)])
+        before = await status_of(stub, group)
+
+        assert server.stop(signal.SIGKILL, 10) == -signal.SIGKILL
+        outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 10)
+        assert all(isinstance(outcome, Exception) for outcome in outcomes), outcomes
+
+    await serve(port, journal, "--recovery-grace", "15")
+    async with connect(port) as stub:
+        after = await status_of(stub, group)
+        assert (after.locking_job, list(after.waiting_jobs), after.fencing_token) == (
+            "holder",
+            ["first", "second"],
+            held.fencing_token,
+        )
+        assert after.fencing_token == before.fencing_token
+        assert after.epoch == before.epoch + 1
+        # The holder's own retry is answered with the grant it has.
+        retried = await stub.acquire(acquire("holder", group, "acquire-holder"))
+        assert retried.fencing_token == held.fencing_token
+
+        # The waiters retry with their request ids, in the opposite order.
+        second = asyncio.ensure_future(stub.acquire(acquire("second", group, "acquire-second")))
+        await asyncio.sleep(0.2)
+        first = asyncio.ensure_future(stub.acquire(acquire("first", group, "acquire-first")))
+        try:
+            await asyncio.sleep(0.2)
+            assert list((await status_of(stub, group)).waiting_jobs) == ["first", "second"]
+            handover = await stub.yield_(
+                pb.YieldRequest(job_id="holder", group_id=group, fencing_token=held.fencing_token)
+            )
+            assert handover.next_job_id == "first"
+            first_grant = await asyncio.wait_for(first, 5)
+            assert first_grant.fencing_token > held.fencing_token
+            assert not second.done()
+
+            # A retry of an answered request gets the same grant, not a second one.
+            again = await stub.acquire(acquire("first", group, "acquire-first"))
+            assert again.fencing_token == first_grant.fencing_token
+            assert (await status_of(stub, group)).fencing_token == first_grant.fencing_token
+
+            await stub.yield_(
+                pb.YieldRequest(job_id="first", group_id=group, request_id="yield-first")
+            )
+            second_grant = await asyncio.wait_for(second, 5)
+            assert second_grant.fencing_token > first_grant.fencing_token
+
+            # Once its grant has ended, retrying the request neither grants nor queues it.
+            assert await grpc_status(stub.acquire(acquire("first", group, "acquire-first"))) == (
+                Status.ABORTED
+            )
+            status = await status_of(stub, group)
+            assert (status.locking_job, status.waiter_queue_depth) == ("second", 0)
+            assert status.fencing_token == held.fencing_token + 2
+        finally:
+            for task in (first, second):
+                task.cancel()
+            await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def _drain(watch: AsyncIterator[pb.WatchEvent]) -> list[pb.WatchEvent]:
+    """The rest of a watch's events, until it ends (cleanly or with its connection)."""
+    events = []
+    try:
+        async for event in watch:
+            events.append(event)
+    except StreamTerminatedError:
+        pass
+    return events
+
+
+async def test_sigterm_stops_cleanly_and_keeps_the_queue(
+    serve: Callable[..., Awaitable[Server]], journal: str
+) -> None:
+    group, port = "gpus", free_port()
+    server = await serve(port, journal)
+    async with connect(port) as stub:
+        held = await stub.acquire(acquire("holder", group))
+        waiter = asyncio.ensure_future(stub.acquire(acquire("waiter", group)))
+        await wait_queued(stub, group, ["waiter"])
+        watch = stub.watch(pb.WatchRequest(group_id=group), timeout=30)
+        assert (await anext(watch)).kind == pb.WatchEventKind.CURRENT
+        watch_ended = asyncio.ensure_future(_drain(watch))
+
+        stopping = time.monotonic()
+        code = await asyncio.to_thread(server.stop, signal.SIGTERM, 10)
+        assert code == 0
+        assert time.monotonic() - stopping < 5
+        # The blocked Acquire is told to retry rather than cut off.
+        assert await grpc_status(asyncio.wait_for(waiter, 5)) == Status.UNAVAILABLE
+        # An open watch does not hold the shutdown up, and is ended.
+        assert await asyncio.wait_for(watch_ended, 5) == []
+
+    server = await serve(port, journal)
+    async with connect(port) as stub:
+        status = await status_of(stub, group)
+        assert (status.locking_job, list(status.waiting_jobs), status.fencing_token) == (
+            "holder",
+            ["waiter"],
+            held.fencing_token,
+        )
+    code = await asyncio.to_thread(server.stop, signal.SIGTERM, 10)
+    assert code == 0
+
+
+async def _cli(*args: str, timeout: float = 30.0) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *TIMESLICE,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=Path(__file__).parent,
+    )
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_cli_status_acquire_and_yield(
+    serve: Callable[..., Awaitable[Server]], journal: str
+) -> None:
+    group, port = "gpus", free_port()
+    await serve(port, journal)
+    target = f"127.0.0.1:{port}"
+
+    code, out = await _cli("status", "--target", target)
+    assert (code, out.strip()) == (0, "no groups yet")
+
+    code, out = await _cli("acquire", group, "cli-job", "--target", target)
+    assert code == 0, out
+    assert "cli-job holds gpus (token 1" in out
+
+    async with connect(port) as stub:
+        status = await status_of(stub, group)
+        assert (status.locking_job, status.fencing_token) == ("cli-job", 1)
+
+        code, out = await _cli("status", group, "--target", target)
+        assert code == 0, out
+        assert "holder=cli-job" in out and "token=1" in out
+
+        code, out = await _cli(
+            "acquire", group, "other-job", "--target", target, "--timeout", "0.5"
+        )
+        assert code == 1, out
+        assert "DEADLINE_EXCEEDED" in out
+        assert (await status_of(stub, group)).waiter_queue_depth == 0
+
+        code, out = await _cli("yield", group, "cli-job", "--target", target)
+        assert code == 0, out
+        assert "cli-job released gpus (0 waiting)" in out
+        status = await status_of(stub, group)
+        assert (status.locking_job, status.active_job) == ("", "cli-job")
+
+        code, out = await _cli("yield", group, "cli-job", "--target", target)
+        assert code == 1, out
+        assert "FAILED_PRECONDITION" in out
+
+    code, out = await _cli("status", "--target", target)
+    assert code == 0, out
+    assert "holder=-" in out and "active=cli-job" in out

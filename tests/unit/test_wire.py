@@ -1,0 +1,224 @@
+"""Strict decoding of protobuf messages at the service edge."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from timeslice.api.gen.snapshot_agent import v1alpha1 as agent
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as orch
+from timeslice.api.wire import decode_strict
+
+
+def varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative numbers as ten bytes, as protobuf writes them
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def key(number: int, wire: int) -> bytes:
+    return varint(number << 3 | wire)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    return key(number, 2) + varint(len(payload)) + payload
+
+
+ACQUIRE = orch.AcquireRequest(
+    job_id="job", group_id="group", request_id="r-1", lease_ttl_ms=5000, wait_timeout_ms=0
+)
+
+
+# --- well-formed input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ACQUIRE,
+        orch.AcquireRequest(job_id="jöb ✓", group_id="g"),
+        orch.AcquireRequest(),
+        orch.YieldRequest(job_id="j", group_id="g", request_id="r", fencing_token=2**64 - 1),
+        orch.KeepAliveRequest(group_id="g", job_id="j", lease_id="lease-1"),
+        orch.ForceReleaseRequest(group_id="g", job_id="j", reason="stuck"),
+        orch.WatchRequest(group_id="g"),
+        orch.GetGroupStatusResponse(
+            group=orch.GroupStatus(
+                group_id="g",
+                group_state=orch.GroupStatusState.LOCKED,
+                state_timestamp=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+                locking_job="a",
+                waiter_queue_depth=2,
+                fencing_token=7,
+                waiting_jobs=["b", "c"],
+                holder_lease=orch.Lease(lease_id="lease-7", ttl_ms=1000),
+                epoch=3,
+            ),
+            agent_job_states=[
+                orch.SnapshotAgentJobState(
+                    agent="node-1", job_state=orch.SnapshotAgentJobStateState.RUNNING, job_id="a"
+                )
+            ],
+        ),
+        agent.ProcessTarget(pids=[1, -2, 2**31 - 1]),
+        agent.WorkloadCapabilities(
+            supported_modes=[agent.SuspendMode(1), agent.SuspendMode(2)], tags=["weights"]
+        ),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_a_well_formed_message_decodes_to_itself(message: object) -> None:
+    data = bytes(message)  # type: ignore[call-overload]
+    assert decode_strict(type(message), data) == message  # type: ignore[arg-type]
+
+
+def test_empty_input_is_the_default_message() -> None:
+    assert decode_strict(orch.AcquireRequest, b"") == orch.AcquireRequest()
+
+
+def test_optional_fields_keep_the_difference_between_unset_and_zero() -> None:
+    unset = decode_strict(orch.AcquireRequest, bytes(orch.AcquireRequest(job_id="j")))
+    zero = decode_strict(orch.AcquireRequest, bytes(orch.AcquireRequest(wait_timeout_ms=0)))
+    assert unset.wait_timeout_ms is None
+    assert zero.wait_timeout_ms == 0
+
+
+@pytest.mark.parametrize(
+    "unknown",
+    [
+        key(50, 0) + varint(123456789),
+        key(51, 1) + bytes(8),
+        length_delimited(52, b"anything, even \xff bytes"),
+        key(53, 5) + bytes(4),
+        key(2**29 - 1, 0) + varint(1),  # the largest field number
+        length_delimited(54, length_delimited(1, b"nested")),
+    ],
+    ids=["varint", "fixed64", "bytes", "fixed32", "largest-number", "nested"],
+)
+def test_unknown_well_formed_fields_are_accepted(unknown: bytes) -> None:
+    data = unknown + bytes(ACQUIRE) + unknown
+    assert decode_strict(orch.AcquireRequest, data) == ACQUIRE
+
+
+def test_a_packed_repeated_number_field_is_accepted() -> None:
+    payload = varint(1) + varint(-2) + varint(300)
+    data = length_delimited(1, payload)
+    assert decode_strict(agent.ProcessTarget, data).pids == [1, -2, 300]
+
+
+def test_an_unpacked_repeated_number_field_is_accepted() -> None:
+    data = key(1, 0) + varint(1) + key(1, 0) + varint(-2) + key(1, 0) + varint(300)
+    assert decode_strict(agent.ProcessTarget, data).pids == [1, -2, 300]
+
+
+def test_a_packed_repeated_enum_field_is_accepted() -> None:
+    data = length_delimited(1, varint(1) + varint(2))
+    decoded = decode_strict(agent.WorkloadCapabilities, data)
+    assert decoded.supported_modes == [agent.SuspendMode(1), agent.SuspendMode(2)]
+
+
+# --- malformed input -----------------------------------------------------------------
+
+JOB = length_delimited(1, b"job")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"\x80", id="truncated key"),
+        pytest.param(JOB + key(101, 0) + b"\x80", id="truncated varint value"),
+        pytest.param(JOB + key(101, 0) + b"\xff" * 9, id="truncated long varint"),
+        pytest.param(JOB + key(101, 0) + b"\xff" * 10 + b"\x01", id="varint over 10 bytes"),
+        pytest.param(key(1, 2) + b"\x80", id="truncated length"),
+        pytest.param(key(1, 2) + varint(5) + b"ab", id="length past the end"),
+        pytest.param(JOB + key(1, 2) + varint(2**40) + b"ab", id="huge length"),
+        pytest.param(JOB + key(50, 2) + varint(9) + b"short", id="unknown field past the end"),
+        pytest.param(JOB + key(50, 1) + bytes(7), id="unknown fixed64 truncated"),
+        pytest.param(JOB + key(50, 5) + bytes(3), id="unknown fixed32 truncated"),
+        pytest.param(key(0, 0) + varint(1), id="field number 0"),
+    ],
+)
+def test_truncated_or_overrunning_input_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_strict(orch.AcquireRequest, data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(key(1, 0) + varint(1), id="string as varint"),
+        pytest.param(key(1, 5) + bytes(4), id="string as fixed32"),
+        pytest.param(key(101, 2) + varint(1) + b"\x01", id="int64 as bytes"),
+        pytest.param(key(101, 1) + bytes(8), id="int64 as fixed64"),
+        pytest.param(key(102, 5) + bytes(4), id="optional int64 as fixed32"),
+    ],
+)
+def test_a_known_field_with_the_wrong_wire_type_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError, match="wire type"):
+        decode_strict(orch.AcquireRequest, data)
+
+
+def test_a_repeated_string_field_as_a_varint_is_refused() -> None:
+    with pytest.raises(ValueError, match="wire type"):
+        decode_strict(agent.WorkloadCapabilities, key(3, 0) + varint(1))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(key(1, 3) + key(1, 4), id="group of a known field"),
+        pytest.param(key(60, 3) + key(60, 4), id="group of an unknown field"),
+        pytest.param(key(60, 4), id="end-group alone"),
+        pytest.param(key(60, 6), id="wire type 6"),
+        pytest.param(key(60, 7), id="wire type 7"),
+    ],
+)
+def test_groups_and_undefined_wire_types_are_refused(data: bytes) -> None:
+    with pytest.raises(ValueError, match="wire type"):
+        decode_strict(orch.AcquireRequest, JOB + data)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"\xff", b"\xc3", b"ab\xed\xa0\x80", b"\xc0\xaf"],
+    ids=["invalid byte", "truncated sequence", "surrogate", "overlong"],
+)
+def test_a_string_that_is_not_utf8_is_refused(text: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_strict(orch.AcquireRequest, length_delimited(1, text))
+
+
+def test_a_malformed_nested_message_is_refused() -> None:
+    status = bytes(orch.GroupStatus(group_id="g"))
+    good = length_delimited(1, status)
+    assert decode_strict(orch.GetGroupStatusResponse, good).group.group_id == "g"
+    for inner in (
+        key(1, 0) + varint(1),  # group_id as a varint
+        key(6, 2) + varint(3) + b"abc",  # waiter_queue_depth as bytes
+        key(100, 2) + varint(10) + b"x",  # past the end of the nested message
+    ):
+        with pytest.raises(ValueError):
+            decode_strict(orch.GetGroupStatusResponse, length_delimited(1, status + inner))
+
+
+def test_a_malformed_message_in_a_repeated_field_is_refused() -> None:
+    job_state = bytes(orch.SnapshotAgentJobState(agent="n", job_id="a"))
+    broken = job_state + key(3, 0) + varint(7)  # job_id as a varint
+    data = length_delimited(2, job_state) + length_delimited(2, broken)
+    with pytest.raises(ValueError, match="wire type"):
+        decode_strict(orch.GetGroupStatusResponse, data)
+
+
+def test_a_truncated_packed_field_is_refused() -> None:
+    with pytest.raises(ValueError):
+        decode_strict(agent.ProcessTarget, length_delimited(1, varint(1) + b"\x80"))
+
+
+def test_a_malformed_field_after_good_ones_is_refused() -> None:
+    with pytest.raises(ValueError):
+        decode_strict(orch.AcquireRequest, bytes(ACQUIRE) + key(1, 2) + varint(100))

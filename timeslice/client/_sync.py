@@ -1,0 +1,242 @@
+"""The blocking orchestrator client, with the v1alpha1 client's signatures.
+
+It drives an `AsyncTimeSliceOrchestratorClient` on an event loop of its own,
+in a daemon thread, so that leases are renewed while the calling thread
+computes, and it raises the same exceptions the async client raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from timeslice.client._bridge import OnAccelerators, run_blocking
+from timeslice.client._leases import LeaseLostCallback
+from timeslice.client._transport import parse_target
+from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestratorClient
+from timeslice.client.types import (
+    AcquireResult,
+    ForceReleaseResult,
+    LeaseInfo,
+    OrchestratorGroupStatus,
+    WatchEvent,
+    YieldResult,
+)
+
+T = TypeVar("T")
+
+
+class TimeSliceOrchestratorClient:
+    """Blocking client of the orchestrator: acquire and release a group's lock.
+
+    A drop-in for the v1alpha1 client. ``channel_options`` is accepted for
+    compatibility and ignored (the transport is grpclib, not grpcio). The
+    keyword-only options are those of `AsyncTimeSliceOrchestratorClient`;
+    ``on_lease_lost`` runs on the client's own thread.
+
+    Usable from any thread, and from async code through ``async with
+    client.on_accelerators()``. `close()` (or leaving a ``with`` block) stops
+    the client; held locks stay held.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        channel_options: Sequence[tuple[str, Any]] | None = None,
+        *,
+        lease_ttl_sec: float | None = 10.0,
+        call_timeout_sec: float = 10.0,
+        reconnect_timeout_sec: float = 30.0,
+        on_lease_lost: LeaseLostCallback | None = None,
+    ) -> None:
+        parse_target(target)  # a bad target fails here, before a thread starts
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=_run_loop,
+            args=(self._loop, started),
+            name="timeslice-orchestrator-client",
+            daemon=True,
+        )
+        self._thread.start()
+        started.wait()
+
+        async def create() -> AsyncTimeSliceOrchestratorClient:
+            return AsyncTimeSliceOrchestratorClient(
+                target,
+                job_id,
+                group_id,
+                lease_ttl_sec=lease_ttl_sec,
+                call_timeout_sec=call_timeout_sec,
+                reconnect_timeout_sec=reconnect_timeout_sec,
+                on_lease_lost=on_lease_lost,
+            )
+
+        try:
+            self._client = run_blocking(self._loop, create)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            raise
+        self._join_timeout_sec = call_timeout_sec
+        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._client)
+
+    @property
+    def target(self) -> str:
+        """The server's address."""
+        return self._client.target
+
+    @property
+    def job_id(self) -> str | None:
+        """The job used by calls that do not name one."""
+        return self._client.job_id
+
+    @job_id.setter
+    def job_id(self, value: str | None) -> None:
+        self._client.job_id = value
+
+    @property
+    def group_id(self) -> str | None:
+        """The group used by calls that do not name one."""
+        return self._client.group_id
+
+    @group_id.setter
+    def group_id(self, value: str | None) -> None:
+        self._client.group_id = value
+
+    def __enter__(self) -> TimeSliceOrchestratorClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops lease renewals, the connection and the client's thread. Idempotent."""
+        if not self._finalizer.alive:
+            return
+        self._finalizer()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self._join_timeout_sec)
+
+    def acquire(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> AcquireResult:
+        """Blocks until the job holds the group's lock and its context is loaded.
+
+        ``timeout_sec``: the longest wait (None: no limit), after which
+        `DeadlineExceededError` is raised and the job has left the queue.
+        """
+        call = self._client.acquire(job_id, group_id, timeout_sec)
+        return self._run(lambda: call)
+
+    def release(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> YieldResult:
+        """Releases the lock (the Yield call); `LeaseLostError` if it was revoked meanwhile."""
+        return self._run(lambda: self._client.release(job_id, group_id, timeout_sec))
+
+    def get_status(
+        self, group_id: str | None = None, timeout_sec: float | None = None
+    ) -> OrchestratorGroupStatus:
+        """The group's lock state and its jobs' context states on every node."""
+        return self._run(lambda: self._client.get_status(group_id, timeout_sec))
+
+    def list_groups(self, timeout_sec: float | None = None) -> list[str]:
+        """Every group the orchestrator knows."""
+        return self._run(lambda: self._client.list_groups(timeout_sec))
+
+    def keep_alive(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> LeaseInfo:
+        """Renews the job's lease now (the client also does so in the background)."""
+        return self._run(lambda: self._client.keep_alive(job_id, group_id, timeout_sec))
+
+    def lease_lost(self, job_id: str | None = None, group_id: str | None = None) -> bool:
+        """Whether the job's last grant in the group lost its lease (until it acquires again)."""
+        return self._client.lease_lost(job_id, group_id)
+
+    def watch(self, group_id: str = "") -> Iterator[WatchEvent]:
+        """The events of one group, or of every group when ``group_id`` is empty."""
+        events = self._client.watch(group_id)
+        try:
+            while True:
+                try:
+                    event = self._run(events.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            if self._finalizer.alive:
+                self._run(events.aclose)
+
+    def force_release(
+        self,
+        group_id: str | None = None,
+        job_id: str = "",
+        reason: str = "",
+        timeout_sec: float | None = None,
+    ) -> ForceReleaseResult:
+        """Operator action: takes the group's lock from its holder (only ``job_id``'s if set)."""
+        return self._run(lambda: self._client.force_release(group_id, job_id, reason, timeout_sec))
+
+    def on_accelerators(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> OnAccelerators:
+        """The lock around a block or a function: ``with``, ``async with``, or a decorator."""
+        return self._client.on_accelerators(job_id, group_id, timeout_sec)
+
+    def _run(self, factory: Callable[[], Awaitable[T]]) -> T:
+        if not self._finalizer.alive:
+            raise RuntimeError("the orchestrator client is closed")
+        return run_blocking(self._loop, factory)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, client: AsyncTimeSliceOrchestratorClient) -> None:
+    """Closes the client on its loop, then stops the loop; returns at once, from any thread."""
+
+    def close_then_stop() -> None:
+        closing = loop.create_task(client.close())
+        closing.add_done_callback(lambda _: loop.stop())
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed already
+        loop.call_soon_threadsafe(close_then_stop)

@@ -1,0 +1,145 @@
+"""What every timeslice client does on the wire: read a target, translate
+errors, retry a call while the server cannot be reached."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from timeslice.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    TimeSliceError,
+    UnavailableError,
+    from_grpc_error,
+)
+
+T = TypeVar("T")
+
+FIRST_BACKOFF_SEC = 0.05
+MAX_BACKOFF_SEC = 1.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a server listens: a TCP host and port, or a Unix socket path."""
+
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+
+
+def parse_target(target: str) -> Target:
+    """Reads `"host:port"`, `"[ipv6]:port"` or `"unix:/path"`.
+
+    Raises `InvalidArgumentError` for anything else.
+    """
+    text = target.strip()
+    if text.startswith("unix:"):
+        path = text.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise InvalidArgumentError(f"target {target!r}: the Unix socket path is empty")
+        return Target(path=path)
+    if text.startswith("["):
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise InvalidArgumentError(f"target {target!r}: expected '[ipv6]:port'")
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"target {target!r}: {inside!r} is not an IPv6 address"
+            ) from None
+        return Target(host=inside, port=_parse_port(target, rest[1:]))
+    host, colon, port = text.rpartition(":")
+    if not colon or not host:
+        raise InvalidArgumentError(f"target {target!r}: expected 'host:port'")
+    if any(c.isspace() or c in "/@?#" for c in host):
+        raise InvalidArgumentError(f"target {target!r}: {host!r} is not a host name")
+    if ":" in host:
+        raise InvalidArgumentError(
+            f"target {target!r}: write an IPv6 address in brackets, as '[{host}]:{port}'"
+        )
+    return Target(host=host, port=_parse_port(target, port))
+
+
+def _parse_port(target: str, text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidArgumentError(f"target {target!r}: port {text!r} is not in 1..65535")
+    return int(text)
+
+
+@contextlib.contextmanager
+def map_errors(what: str) -> Iterator[None]:
+    """Turns what grpclib and the socket layer raise into timeslice exceptions."""
+    try:
+        yield
+    except TimeSliceError:
+        raise
+    except GRPCError as error:
+        raise from_grpc_error(error) from error
+    # TimeoutError is an OSError: it must be caught first.
+    except TimeoutError as error:
+        raise DeadlineExceededError(f"{what}: the call's deadline ran out") from error
+    except StreamTerminatedError as error:
+        raise UnavailableError(f"{what}: {error or 'the stream was reset'}") from error
+    except OSError as error:
+        raise UnavailableError(f"{what}: {error or type(error).__name__}") from error
+
+
+def backoff_delays() -> Iterator[float]:
+    """Pauses between retries: 50 ms, doubling, at most 1 s."""
+    delay = FIRST_BACKOFF_SEC
+    while True:
+        yield delay
+        delay = min(delay * 2, MAX_BACKOFF_SEC)
+
+
+async def call_with_retry(
+    attempt: Callable[[float | None], Awaitable[T]],
+    *,
+    what: str,
+    budget_sec: float | None,
+    reconnect_timeout_sec: float,
+) -> T:
+    """Runs `attempt(seconds_left)` again while the server cannot be reached.
+
+    `seconds_left` is what remains of `budget_sec` (None: no limit). Gives up with
+    `UnavailableError` after `reconnect_timeout_sec` of continuous failure, or with
+    `DeadlineExceededError` when the budget runs out first. Every other error is
+    raised at once. Each attempt must be safe to repeat.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if budget_sec is None else loop.time() + budget_sec
+    failing_since: float | None = None
+    last_error: UnavailableError | None = None
+    delays = backoff_delays()
+    while True:
+        left = None if deadline is None else deadline - loop.time()
+        if left is not None and left <= 0 and last_error is not None:
+            raise DeadlineExceededError(
+                f"{what}: the time limit ran out while the server was unreachable"
+                f" ({last_error.message})"
+            ) from last_error
+        try:
+            with map_errors(what):
+                return await attempt(left)
+        except UnavailableError as error:
+            last_error = error
+            now = loop.time()
+            if failing_since is None:
+                failing_since = now
+            if now - failing_since >= reconnect_timeout_sec:
+                raise
+            pause = min(next(delays), failing_since + reconnect_timeout_sec - now)
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - now))
+            await asyncio.sleep(pause)

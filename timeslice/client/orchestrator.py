@@ -1,0 +1,398 @@
+"""The asyncio client of the orchestrator.
+
+Every Acquire and Yield carries a request id that stays the same when the call
+is retried, so the server answers a retry as it answered the first try: a
+client that lost its connection while queued gets its place back, and a
+repeated release is not applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from types import TracebackType
+from typing import TypeVar
+
+from grpclib.client import Channel
+
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from timeslice.client._bridge import AcquireCall, OnAccelerators
+from timeslice.client._leases import Holding, LeaseKeeper, LeaseLostCallback
+from timeslice.client._transport import call_with_retry, map_errors, parse_target
+from timeslice.client.types import (
+    AcquireResult,
+    ForceReleaseResult,
+    LeaseInfo,
+    OrchestratorGroupStatus,
+    WatchEvent,
+    YieldResult,
+    acquire_result,
+    force_release_result,
+    lease_info,
+    orchestrator_group_status,
+    watch_event,
+    yield_result,
+)
+from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+
+R = TypeVar("R")
+
+logger = logging.getLogger("timeslice.client")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+# How much longer than the server's own wait limit the client waits for an
+# Acquire answer before it gives up on its own.
+_ACQUIRE_BACKSTOP_SEC = 1.0
+
+
+class AsyncTimeSliceOrchestratorClient:
+    """Asyncio client of the orchestrator: acquire and release a group's lock.
+
+    ``job_id`` and ``group_id`` given here are used by every call that does not
+    name its own. With ``lease_ttl_sec`` set, each grant comes with a lease
+    that the client renews in the background until the release; None asks for
+    no lease (the holder is then never revoked for silence).
+    ``call_timeout_sec`` bounds each call but a waiting Acquire;
+    ``reconnect_timeout_sec`` is how long a call keeps retrying while the
+    server cannot be reached. ``channel`` replaces the connection to
+    ``target`` (and is not closed by the client). ``on_lease_lost(group_id,
+    job_id, error)`` is called, on the client's event loop, when a held lease
+    is lost; it may be a coroutine function.
+
+    The client belongs to the event loop it is made or first used on. `close()` stops
+    the renewals and the connection; it does not release held locks.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        *,
+        lease_ttl_sec: float | None = 10.0,
+        call_timeout_sec: float = 10.0,
+        reconnect_timeout_sec: float = 30.0,
+        channel: Channel | None = None,
+        on_lease_lost: LeaseLostCallback | None = None,
+    ) -> None:
+        self._target = parse_target(target)
+        if lease_ttl_sec is not None and not lease_ttl_sec > 0:
+            raise InvalidArgumentError(f"lease_ttl_sec must be positive or None: {lease_ttl_sec}")
+        if not call_timeout_sec > 0:
+            raise InvalidArgumentError(f"call_timeout_sec must be positive: {call_timeout_sec}")
+        if not reconnect_timeout_sec >= 0:
+            raise InvalidArgumentError(
+                f"reconnect_timeout_sec must not be negative: {reconnect_timeout_sec}"
+            )
+        self.target = target
+        self.job_id = job_id
+        self.group_id = group_id
+        self._lease_ttl_ms = None if lease_ttl_sec is None else max(1, round(lease_ttl_sec * 1000))
+        self._call_timeout_sec = call_timeout_sec
+        self._reconnect_timeout_sec = reconnect_timeout_sec
+        self._channel = channel
+        self._owns_channel = channel is None
+        self._stub = None if channel is None else pb.TimeSliceOrchestratorServiceStub(channel)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+        self._leases = LeaseKeeper(
+            self._send_keep_alive,
+            call_timeout_sec=call_timeout_sec,
+            on_lease_lost=on_lease_lost,
+        )
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncTimeSliceOrchestratorClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops lease renewals and closes the connection. Held locks stay held."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._leases.close()
+        if self._owns_channel and self._channel is not None:
+            self._channel.close()
+
+    def acquire(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> AcquireCall:
+        """Waits until the job holds the group's lock and its context is loaded.
+
+        ``timeout_sec``: the longest wait (None: no limit), after which
+        `DeadlineExceededError` is raised and the job has left the queue.
+        Use as ``result = await client.acquire()`` or
+        ``async with client.acquire() as result:``.
+
+        Raises `InvalidArgumentError` at once when no job or group is known.
+        """
+        _check_timeout(timeout_sec)
+        job, group = self._job(job_id), self._group(group_id)
+        return AcquireCall(
+            job,
+            group,
+            acquire=lambda: self._acquire(job, group, timeout_sec),
+            release=lambda error: self._release_after(job, group, error),
+        )
+
+    async def release(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> YieldResult:
+        """Releases the lock (the Yield call) and stops renewing its lease.
+
+        Raises `LeaseLostError` when the grant was revoked in the meantime:
+        the lock is then no longer this job's to release.
+        """
+        return await self._release(self._job(job_id), self._group(group_id), timeout_sec)
+
+    async def get_status(
+        self, group_id: str | None = None, timeout_sec: float | None = None
+    ) -> OrchestratorGroupStatus:
+        """The group's lock state and its jobs' context states on every node."""
+        group = self._group(group_id)
+        stub = self._connect()
+        request = pb.GetGroupStatusRequest(group_id=group)
+        response = await self._retrying(
+            f"GetGroupStatus({group})",
+            timeout_sec,
+            lambda timeout: stub.get_group_status(request, timeout=timeout),
+        )
+        return orchestrator_group_status(response, group)
+
+    async def list_groups(self, timeout_sec: float | None = None) -> list[str]:
+        """Every group the orchestrator knows."""
+        stub = self._connect()
+        response = await self._retrying(
+            "ListGroups",
+            timeout_sec,
+            lambda timeout: stub.list_groups(pb.ListGroupsRequest(), timeout=timeout),
+        )
+        return list(response.group_ids)
+
+    async def keep_alive(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> LeaseInfo:
+        """Renews the job's lease now (the client also does so in the background)."""
+        job, group = self._job(job_id), self._group(group_id)
+        stub = self._connect()
+        holding = self._leases.held(group, job)
+        request = pb.KeepAliveRequest(
+            group_id=group, job_id=job, lease_id=holding.lease_id if holding else ""
+        )
+        sent_at = asyncio.get_running_loop().time()
+        with map_errors(f"KeepAlive({group}/{job})"):
+            response = await stub.keep_alive(request, timeout=timeout_sec or self._call_timeout_sec)
+        if holding is not None:
+            self._leases.renewed(holding, response, sent_at)
+        return lease_info(response)
+
+    def lease_lost(self, job_id: str | None = None, group_id: str | None = None) -> bool:
+        """Whether the job's last grant in the group lost its lease (until it acquires again)."""
+        return self._leases.lost(self._group(group_id), self._job(job_id)) is not None
+
+    async def watch(self, group_id: str = "") -> AsyncGenerator[WatchEvent, None]:
+        """The events of one group, or of every group when ``group_id`` is empty.
+
+        The first event is the group's current status. The stream has no
+        deadline; it ends when the server closes it, and is not resumed.
+        """
+        stub = self._connect()
+        with map_errors(f"Watch({group_id or '*'})"):
+            stream = stub.watch(pb.WatchRequest(group_id=group_id))
+            try:
+                async for message in stream:
+                    yield watch_event(message)
+            finally:
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
+
+    async def force_release(
+        self,
+        group_id: str | None = None,
+        job_id: str = "",
+        reason: str = "",
+        timeout_sec: float | None = None,
+    ) -> ForceReleaseResult:
+        """Operator action: takes the group's lock from its holder.
+
+        With ``job_id``, only if that job holds it. Not retried: a repeat could
+        release the next holder.
+        """
+        group = self._group(group_id)
+        stub = self._connect()
+        request = pb.ForceReleaseRequest(group_id=group, job_id=job_id, reason=reason)
+        with map_errors(f"ForceRelease({group})"):
+            response = await stub.force_release(
+                request, timeout=timeout_sec or self._call_timeout_sec
+            )
+        return force_release_result(response)
+
+    def on_accelerators(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> OnAccelerators:
+        """The lock around a block or a function: ``with``, ``async with``, or a decorator.
+
+        See `OnAccelerators`. Blocking uses of the async client must run in a
+        thread other than the one of its event loop.
+        """
+        job, group = self._job(job_id), self._group(group_id)
+        _check_timeout(timeout_sec)
+        return OnAccelerators(
+            acquire=lambda: self._acquire(job, group, timeout_sec),
+            release=lambda error: self._release_after(job, group, error),
+            loop=lambda: self._loop,
+        )
+
+    def _job(self, job_id: str | None) -> str:
+        resolved = job_id or self.job_id
+        if not resolved:
+            raise InvalidArgumentError(
+                "job_id must be provided either in the constructor or in the method call."
+            )
+        return resolved
+
+    def _group(self, group_id: str | None) -> str:
+        resolved = group_id or self.group_id
+        if not resolved:
+            raise InvalidArgumentError(
+                "group_id must be provided either in the constructor or in the method call."
+            )
+        return resolved
+
+    def _connect(self) -> pb.TimeSliceOrchestratorServiceStub:
+        if self._closed:
+            raise RuntimeError("the orchestrator client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError(
+                "the orchestrator client belongs to another event loop; make one per loop"
+            )
+        if self._stub is None:
+            target = self._target
+            self._channel = Channel(target.host, target.port, path=target.path)
+            self._stub = pb.TimeSliceOrchestratorServiceStub(self._channel)
+        return self._stub
+
+    async def _retrying(
+        self, what: str, timeout_sec: float | None, send: Callable[[float], Awaitable[R]]
+    ) -> R:
+        """Sends a call that is safe to repeat, retrying while the server is unreachable.
+
+        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``.
+        """
+
+        def attempt(left: float | None) -> Awaitable[R]:
+            return send(self._call_timeout_sec if left is None else left)
+
+        return await call_with_retry(
+            attempt,
+            what=what,
+            budget_sec=timeout_sec,
+            reconnect_timeout_sec=self._reconnect_timeout_sec,
+        )
+
+    async def _acquire(self, job: str, group: str, timeout_sec: float | None) -> AcquireResult:
+        stub = self._connect()
+        request_id = uuid.uuid4().hex
+
+        def attempt(left: float | None) -> Awaitable[pb.AcquireResponse]:
+            # The server gives up waiting at the limit; the call's own deadline,
+            # a little later, covers a server that never answers.
+            request = pb.AcquireRequest(
+                job_id=job,
+                group_id=group,
+                request_id=request_id,
+                lease_ttl_ms=self._lease_ttl_ms,
+                wait_timeout_ms=None if left is None else max(0, round(left * 1000)),
+            )
+            timeout = None if left is None else max(left, 0.0) + _ACQUIRE_BACKSTOP_SEC
+            return stub.acquire(request, timeout=timeout)
+
+        response = await call_with_retry(
+            attempt,
+            what=f"Acquire({group}/{job})",
+            budget_sec=timeout_sec,
+            reconnect_timeout_sec=self._reconnect_timeout_sec,
+        )
+        if response.success:
+            self._leases.hold(group, job, response, asyncio.get_running_loop().time())
+        return acquire_result(response)
+
+    async def _release(self, job: str, group: str, timeout_sec: float | None) -> YieldResult:
+        stub = self._connect()
+        holding = await self._leases.take(group, job)
+        request = pb.YieldRequest(
+            job_id=job,
+            group_id=group,
+            request_id=uuid.uuid4().hex,
+            fencing_token=holding.fencing_token if holding and holding.fencing_token else None,
+        )
+        try:
+            response = await self._retrying(
+                f"Yield({group}/{job})",
+                timeout_sec,
+                lambda timeout: stub.yield_(request, timeout=timeout),
+            )
+        except (ConflictError, NotFoundError):
+            raise  # the grant is not ours any more: nothing left to release
+        except BaseException:
+            if holding is not None:
+                self._leases.put_back(holding)
+            raise
+        return yield_result(response)
+
+    async def _release_after(self, job: str, group: str, error: BaseException | None) -> None:
+        """Releases at the end of a block; when the block raised, its error wins."""
+        if error is None:
+            await self._release(job, group, None)
+            return
+        try:
+            await self._release(job, group, None)
+        except Exception as release_error:
+            logger.warning(
+                "releasing %s/%s after %s failed: %s",
+                group,
+                job,
+                type(error).__name__,
+                release_error,
+            )
+
+    async def _send_keep_alive(self, holding: Holding, timeout: float) -> pb.KeepAliveResponse:
+        stub = self._connect()
+        request = pb.KeepAliveRequest(
+            group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
+        )
+        with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})"):
+            return await stub.keep_alive(request, timeout=timeout)
+
+
+def _check_timeout(timeout_sec: float | None) -> None:
+    if timeout_sec is not None and not timeout_sec >= 0:
+        raise InvalidArgumentError(f"timeout_sec must not be negative: {timeout_sec}")

@@ -41,8 +41,11 @@ def generate(out: Path) -> None:
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     subprocess.run(
         [
-            sys.executable, "-m", "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}", f"-I{include}",
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
             f"--plugin=protoc-gen-python_betterproto2={plugin}",
             f"--python_betterproto2_out={out}",
             f"--python_betterproto2_opt={OPTIONS}",
@@ -56,16 +59,21 @@ def generate(out: Path) -> None:
 
 def differences(a: Path, b: Path) -> list[str]:
     """Relative paths of the files that differ between two trees."""
-    names = {p.relative_to(a) for p in a.rglob("*.py")} | {p.relative_to(b) for p in b.rglob("*.py")}
+    names = {p.relative_to(a) for p in a.rglob("*.py")} | {
+        p.relative_to(b) for p in b.rglob("*.py")
+    }
     return sorted(
-        str(n) for n in names
+        str(n)
+        for n in names
         if not ((a / n).exists() and (b / n).exists() and filecmp.cmp(a / n, b / n, shallow=False))
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report whether the code is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="only report whether the code is stale"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "gen"

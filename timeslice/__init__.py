@@ -1,9 +1,9 @@
 """timeslice: accelerators shared between RL jobs, one holder at a time.
 
-    async with Orchestrator() as orch:                      # the lock service
-        client = AsyncTimeSliceOrchestratorClient(orch.address, job_id="a", group_id="g")
-        async with client.acquire():                         # exclusive accelerators
-            train_step()
+async with Orchestrator() as orch:                      # the lock service
+    client = AsyncTimeSliceOrchestratorClient(orch.address, job_id="a", group_id="g")
+    async with client.acquire():                         # exclusive accelerators
+        train_step()
 """
 
 from timeslice.client import (

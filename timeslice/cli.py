@@ -6,15 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
 
 from timeslice.errors import TimeSliceError
 
-app = typer.Typer(help="Share accelerators between RL jobs, one holder at a time.", no_args_is_help=True)
-serve_app = typer.Typer(help="Run a timeslice server until Ctrl-C or SIGTERM.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+app = typer.Typer(
+    help="Share accelerators between RL jobs, one holder at a time.", no_args_is_help=True
+)
+serve_app = typer.Typer(
+    help="Run a timeslice server until Ctrl-C or SIGTERM.", no_args_is_help=True
+)
 app.add_typer(serve_app, name="serve")
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -39,13 +47,15 @@ def serve_orchestrator(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 50051,
     db: Annotated[
-        str, typer.Option(help="Journal: sqlite:///PATH, a file path, postgresql://..., or 'memory'.")
+        str,
+        typer.Option(help="Journal: sqlite:///PATH, a file path, postgresql://..., or 'memory'."),
     ] = "sqlite:///timeslice-journal.db",
     hold_limit: Annotated[
         float | None, typer.Option(help="Longest any job may hold a group, in seconds.")
     ] = None,
     group_hold_limit: Annotated[
-        list[str] | None, typer.Option(help="GROUP=SECONDS, a hold limit for one group; repeatable.")
+        list[str] | None,
+        typer.Option(help="GROUP=SECONDS, a hold limit for one group; repeatable."),
     ] = None,
     recovery_grace: Annotated[
         float, typer.Option(help="After a restart, seconds that queued jobs have to come back.")
@@ -55,7 +65,9 @@ def serve_orchestrator(
     """Serve the orchestrator (the lock service) on HOST:PORT."""
     from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = OrchestratorConfig(
             host=host,
@@ -70,7 +82,9 @@ def serve_orchestrator(
 
     async def serve() -> None:
         async with Orchestrator(config) as orch:
-            typer.echo(f"timeslice orchestrator serving on {orch.address} (journal: {db})", err=True)
+            typer.echo(
+                f"timeslice orchestrator serving on {orch.address} (journal: {db})", err=True
+            )
             await _until_signal()
             typer.echo("shutting down", err=True)
 
@@ -89,9 +103,22 @@ async def _until_signal() -> None:
             loop.remove_signal_handler(sig)
 
 
-def _fail(exc: TimeSliceError) -> typer.Exit:
-    typer.echo(f"error: {exc} ({exc.status.name})", err=True)
-    return typer.Exit(1)
+def _with_client(
+    target: str, action: Callable[[AsyncTimeSliceOrchestratorClient], Awaitable[None]]
+) -> None:
+    """Run `action` with a client of the orchestrator at `target`; report errors plainly.
+    Operator commands hold no lease: a lock they take stays until `timeslice yield`."""
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
+
+    async def run() -> None:
+        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
+            await action(client)
+
+    try:
+        anyio.run(run)
+    except TimeSliceError as exc:
+        typer.echo(f"error: {exc} ({exc.status.name})", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -100,26 +127,21 @@ def status(
     target: Target = DEFAULT_TARGET,
 ) -> None:
     """Print each group's holder, queue and fencing token."""
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
 
-    async def run() -> None:
-        async with AsyncTimeSliceOrchestratorClient(target) as client:
-            groups = [group] if group else await client.list_groups()
-            if not groups:
-                typer.echo("no groups yet")
-            for name in groups:
-                g = (await client.get_status(name)).group
-                queue = ", ".join(g.waiting_jobs) or "-"
-                typer.echo(
-                    f"{g.group_id}: {g.group_state.value}  holder={g.locking_job or '-'}  "
-                    f"active={g.active_job or '-'}  loaded={g.loaded_job or '-'}  "
-                    f"queue[{g.waiter_queue_depth}]={queue}  token={g.fencing_token}"
-                )
+    async def show(client: AsyncTimeSliceOrchestratorClient) -> None:
+        groups = [group] if group else await client.list_groups()
+        if not groups:
+            typer.echo("no groups yet")
+        for name in groups:
+            g = (await client.get_status(name)).group
+            queue = ", ".join(g.waiting_jobs) or "-"
+            typer.echo(
+                f"{g.group_id}: {g.group_state.value}  holder={g.locking_job or '-'}  "
+                f"active={g.active_job or '-'}  loaded={g.loaded_job or '-'}  "
+                f"queue[{g.waiter_queue_depth}]={queue}  token={g.fencing_token}"
+            )
 
-    try:
-        anyio.run(run)
-    except TimeSliceError as exc:
-        raise _fail(exc) from None
+    _with_client(target, show)
 
 
 @app.command()
@@ -131,33 +153,25 @@ def acquire(
 ) -> None:
     """Wait until JOB holds GROUP, then exit holding it (no lease: it holds until
     `timeslice yield`)."""
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
 
-    async def run() -> None:
-        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
-            result = await client.acquire(job_id=job, group_id=group, timeout_sec=timeout)
-            typer.echo(f"{job} holds {group} (token {result.fencing_token}, waited {result.waited_ms} ms)")
+    async def take(client: AsyncTimeSliceOrchestratorClient) -> None:
+        result = await client.acquire(job_id=job, group_id=group, timeout_sec=timeout)
+        typer.echo(
+            f"{job} holds {group} (token {result.fencing_token}, waited {result.waited_ms} ms)"
+        )
 
-    try:
-        anyio.run(run)
-    except TimeSliceError as exc:
-        raise _fail(exc) from None
+    _with_client(target, take)
 
 
 @app.command("yield")
 def yield_(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
     """Release GROUP, held by JOB."""
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
 
-    async def run() -> None:
-        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
-            result = await client.release(job_id=job, group_id=group)
-            typer.echo(f"{job} released {group} ({result.pending_waiters} waiting)")
+    async def give_back(client: AsyncTimeSliceOrchestratorClient) -> None:
+        result = await client.release(job_id=job, group_id=group)
+        typer.echo(f"{job} released {group} ({result.pending_waiters} waiting)")
 
-    try:
-        anyio.run(run)
-    except TimeSliceError as exc:
-        raise _fail(exc) from None
+    _with_client(target, give_back)
 
 
 @app.command("force-release")
@@ -168,27 +182,26 @@ def force_release(
     target: Target = DEFAULT_TARGET,
 ) -> None:
     """Operator action: take GROUP away from its holder; the next waiter is granted."""
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
 
-    async def run() -> None:
-        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
-            await client.force_release(group_id=group, job_id=job, reason=reason)
-            typer.echo(f"released {group}")
+    async def take_away(client: AsyncTimeSliceOrchestratorClient) -> None:
+        result = await client.force_release(group_id=group, job_id=job, reason=reason)
+        after = f"; {result.next_job_id} holds it now" if result.next_job_id else ""
+        typer.echo(f"took {group} from {result.released_job_id}{after}")
 
-    try:
-        anyio.run(run)
-    except TimeSliceError as exc:
-        raise _fail(exc) from None
+    _with_client(target, take_away)
 
 
 @app.command()
 def demo(
-    jobs: Annotated[int, typer.Option(min=1, max=16, help="How many jobs share the accelerators.")] = 2,
+    jobs: Annotated[
+        int, typer.Option(min=1, max=16, help="How many jobs share the accelerators.")
+    ] = 2,
     steps: Annotated[int, typer.Option(min=1, help="Rounds per job.")] = 8,
     cpu_ms: Annotated[int, typer.Option(min=0, help="CPU phase per round, ms.")] = 150,
     accel_ms: Annotated[int, typer.Option(min=1, help="Accelerator phase per round, ms.")] = 150,
     journal: Annotated[
-        str | None, typer.Option(help="Keep the journal in this SQLite file (default: a temp file).")
+        str | None,
+        typer.Option(help="Keep the journal in this SQLite file (default: a temp file)."),
     ] = None,
 ) -> None:
     """Run jobs back to back, then time-sliced, through an embedded orchestrator."""
@@ -197,7 +210,9 @@ def demo(
     from timeslice.demo import demo as run_demo
 
     async def run() -> None:
-        await run_demo(jobs, steps, cpu_ms / 1000, accel_ms / 1000, Path(journal) if journal else None)
+        await run_demo(
+            jobs, steps, cpu_ms / 1000, accel_ms / 1000, Path(journal) if journal else None
+        )
 
     anyio.run(run)
 

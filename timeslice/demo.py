@@ -53,7 +53,9 @@ async def run_job(
             progress[log.name] = step + 1
 
 
-async def run_round(target: str, jobs: int, steps: int, cpu_s: float, accel_s: float, shared: bool) -> tuple[float, list[JobLog]]:
+async def run_round(
+    target: str, jobs: int, steps: int, cpu_s: float, accel_s: float, shared: bool
+) -> tuple[float, list[JobLog]]:
     """Run the jobs together (`shared`) or one after another; return wall time and logs."""
     logs = [JobLog(f"job-{i + 1}") for i in range(jobs)]
     progress = {log.name: 0 for log in logs}
@@ -62,7 +64,9 @@ async def run_round(target: str, jobs: int, steps: int, cpu_s: float, accel_s: f
     show = asyncio.create_task(_show_progress(label, progress, steps))
     try:
         if shared:
-            await asyncio.gather(*(run_job(target, log, steps, cpu_s, accel_s, progress) for log in logs))
+            await asyncio.gather(
+                *(run_job(target, log, steps, cpu_s, accel_s, progress) for log in logs)
+            )
         else:
             for log in logs:
                 await run_job(target, log, steps, cpu_s, accel_s, progress)
@@ -80,7 +84,9 @@ async def _show_progress(label: str, progress: dict[str, int], steps: int) -> No
 
 
 def _print_progress(label: str, progress: dict[str, int], steps: int, final: bool = False) -> None:
-    bars = "  ".join(f"{name} {'#' * done}{'.' * (steps - done)}" for name, done in progress.items())
+    bars = "  ".join(
+        f"{name} {'#' * done}{'.' * (steps - done)}" for name, done in progress.items()
+    )
     end = "\n" if final or not sys.stdout.isatty() else "\r"
     if final or sys.stdout.isatty():
         print(f"  {label}: {bars}", end=end, flush=True)
@@ -89,22 +95,38 @@ def _print_progress(label: str, progress: dict[str, int], steps: int, final: boo
 def _handoff_gaps(logs: list[JobLog]) -> list[float]:
     """For each grant that followed another job's release: the gap between them."""
     holds = sorted((g, r, log.name) for log in logs for g, r in log.holds)
-    return [g2 - r1 for (_, r1, n1), (g2, _, n2) in zip(holds, holds[1:], strict=False) if n1 != n2 and g2 >= r1]
+    return [
+        g2 - r1
+        for (_, r1, n1), (g2, _, n2) in zip(holds, holds[1:], strict=False)
+        if n1 != n2 and g2 >= r1
+    ]
 
 
 def _busy_share(logs: list[JobLog], wall: float) -> float:
     return sum(r - g for log in logs for g, r in log.holds) / wall
 
 
-async def demo(jobs: int = 2, steps: int = 8, cpu_s: float = 0.15, accel_s: float = 0.15, journal: Path | None = None) -> dict[str, float]:
+async def demo(
+    jobs: int = 2,
+    steps: int = 8,
+    cpu_s: float = 0.15,
+    accel_s: float = 0.15,
+    journal: Path | None = None,
+) -> dict[str, float]:
     """Run the demo; print the table; return its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         path = journal or Path(tmp) / "journal.db"
         async with Orchestrator(db=f"sqlite:///{path}") as orch:
             print(f"orchestrator on {orch.address}, journal {path}")
-            print(f"{jobs} jobs x {steps} steps; each step {cpu_s * 1000:.0f} ms CPU, then {accel_s * 1000:.0f} ms on the accelerators")
-            alone, alone_logs = await run_round(orch.address, jobs, steps, cpu_s, accel_s, shared=False)
-            shared, shared_logs = await run_round(orch.address, jobs, steps, cpu_s, accel_s, shared=True)
+            print(
+                f"{jobs} jobs x {steps} steps; each step {cpu_s * 1000:.0f} ms CPU, then {accel_s * 1000:.0f} ms on the accelerators"
+            )
+            alone, alone_logs = await run_round(
+                orch.address, jobs, steps, cpu_s, accel_s, shared=False
+            )
+            shared, shared_logs = await run_round(
+                orch.address, jobs, steps, cpu_s, accel_s, shared=True
+            )
             tokens = orch.group(GROUP).token
         gaps = _handoff_gaps(shared_logs)
         waits = [w for log in shared_logs for w in log.waits]
@@ -121,14 +143,25 @@ async def demo(jobs: int = 2, steps: int = 8, cpu_s: float = 0.15, accel_s: floa
         rows = [
             ("wall time", f"{alone:.2f} s", f"{shared:.2f} s"),
             ("speedup", "1.00x", f"{figures['speedup']:.2f}x"),
-            ("accelerator busy", f"{figures['busy_back_to_back']:.0%}", f"{figures['busy_time_sliced']:.0%}"),
+            (
+                "accelerator busy",
+                f"{figures['busy_back_to_back']:.0%}",
+                f"{figures['busy_time_sliced']:.0%}",
+            ),
             ("handoffs between jobs", "-", str(len(gaps))),
-            ("median handoff (release -> next grant)", "-", f"{figures['handoff_median_ms']:.2f} ms"),
+            (
+                "median handoff (release -> next grant)",
+                "-",
+                f"{figures['handoff_median_ms']:.2f} ms",
+            ),
             ("median wait for the lock", "-", f"{figures['wait_median_ms']:.1f} ms"),
         ]
         width = max(len(r[0]) for r in rows)
         print(f"\n{'':{width}}  {'back to back':>14}  {'time-sliced':>14}")
         for name, a, b in rows:
             print(f"{name:{width}}  {a:>14}  {b:>14}")
-        print(f"\n{int(tokens)} grants journaled in {path}" + ("" if journal else " (a temporary file, now removed)"))
+        print(
+            f"\n{int(tokens)} grants journaled in {path}"
+            + ("" if journal else " (a temporary file, now removed)")
+        )
         return figures

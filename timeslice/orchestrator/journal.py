@@ -86,7 +86,9 @@ class Journal(abc.ABC):
         """Record the table as it stood after event `seq`."""
 
     @abc.abstractmethod
-    async def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, float, Event]]:
+    async def read(
+        self, after: int = 0, limit: int | None = None
+    ) -> list[tuple[int, float, Event]]:
         """Events with a sequence number above `after`, oldest first, with their times."""
 
 
@@ -112,14 +114,18 @@ class MemoryJournal(Journal):
         return last + len(rows)
 
     async def load(self) -> Loaded:
-        after, state = (self._snapshot[0], json.loads(self._snapshot[1])) if self._snapshot else (0, None)
+        after, state = (
+            (self._snapshot[0], json.loads(self._snapshot[1])) if self._snapshot else (0, None)
+        )
         tail = [(s, event_from_dict(json.loads(p))) for s, _, p in self._events if s > after]
         return Loaded(after, state, tail)
 
     async def save_snapshot(self, seq: int, state: dict[str, Any]) -> None:
         self._snapshot = (seq, json.dumps(state))
 
-    async def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, float, Event]]:
+    async def read(
+        self, after: int = 0, limit: int | None = None
+    ) -> list[tuple[int, float, Event]]:
         rows = [(s, t, event_from_dict(json.loads(p))) for s, t, p in self._events if s > after]
         return rows[:limit] if limit is not None else rows
 
@@ -208,7 +214,12 @@ class SqlJournal(Journal):
             now = time.time()
             first = self._seq + 1
             rows = [
-                {"seq": first + i, "ts": now, "kind": type(e).__name__, "payload": json.dumps(event_to_dict(e))}
+                {
+                    "seq": first + i,
+                    "ts": now,
+                    "kind": type(e).__name__,
+                    "payload": json.dumps(event_to_dict(e)),
+                }
                 for i, e in enumerate(events)
             ]
             if self._writer is not None:
@@ -225,7 +236,9 @@ class SqlJournal(Journal):
         row = {"seq": seq, "ts": time.time(), "state": json.dumps(state)}
         await self._run(lambda conn: conn.execute(snapshots_table.insert(), row))
 
-    async def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, float, Event]]:
+    async def read(
+        self, after: int = 0, limit: int | None = None
+    ) -> list[tuple[int, float, Event]]:
         query = (
             sa.select(events_table.c.seq, events_table.c.ts, events_table.c.payload)
             .where(events_table.c.seq > after)
@@ -234,7 +247,9 @@ class SqlJournal(Journal):
         )
 
         def rows(conn: sa.Connection) -> list[tuple[int, float, Event]]:
-            return [(r.seq, r.ts, event_from_dict(json.loads(r.payload))) for r in conn.execute(query)]
+            return [
+                (r.seq, r.ts, event_from_dict(json.loads(r.payload))) for r in conn.execute(query)
+            ]
 
         return await self._run(rows)
 
@@ -290,12 +305,18 @@ def _normalize_url(url: str) -> str:
     if "://" not in url:  # a bare path
         return f"sqlite:///{url}"
     scheme, rest = url.split("://", 1)
-    drivers = {"sqlite": "sqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+    drivers = {
+        "sqlite": "sqlite",
+        "postgresql": "postgresql+asyncpg",
+        "postgres": "postgresql+asyncpg",
+    }
     if scheme in drivers:
         return f"{drivers[scheme]}://{rest}"
     if scheme in drivers.values():
         return url
-    raise InvalidArgumentError(f"unsupported journal URL {url!r}: use sqlite:///PATH or postgresql://...")
+    raise InvalidArgumentError(
+        f"unsupported journal URL {url!r}: use sqlite:///PATH or postgresql://..."
+    )
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

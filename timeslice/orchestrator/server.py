@@ -118,7 +118,7 @@ class Orchestrator:
 
     @property
     def address(self) -> str:
-        """"HOST:PORT" the server listens on (known once started)."""
+        """ "HOST:PORT" the server listens on (known once started)."""
         if self._address is None:
             raise RuntimeError("the orchestrator is not started")
         return self._address
@@ -177,7 +177,10 @@ class Orchestrator:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.close()
 
@@ -194,7 +197,9 @@ class Orchestrator:
             await journal.save_snapshot(loaded.last_seq, table.to_dict())
         log.info(
             "journal: snapshot at %d, %d event(s) replayed, %d group(s)",
-            loaded.snapshot_seq, len(loaded.tail), len(table.groups),
+            loaded.snapshot_seq,
+            len(loaded.tail),
+            len(table.groups),
         )
 
     async def _begin_epoch(self) -> None:
@@ -224,7 +229,9 @@ class Orchestrator:
         Raises (leaving everything unchanged) if the table refuses the event."""
         effects = self.table.handle(event)
         done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
-        if isinstance(event, ev.KeepAlive) or (isinstance(event, ev.DropWaiter | ev.Revoke) and not effects):
+        if isinstance(event, ev.KeepAlive) or (
+            isinstance(event, ev.DropWaiter | ev.Revoke) and not effects
+        ):
             self._act(effects)
             done.set_result(effects)
         else:
@@ -288,8 +295,13 @@ class Orchestrator:
                         fut.set_result(effect)
                     elif effect.call_id and fut is None and effect.must_deliver:
                         # The call that asked is gone: roll the grant back.
-                        revoke = ev.Revoke(time.time(), effect.group, effect.token,
-                                           ev.REASON_NOT_DELIVERED, effect.call_id)
+                        revoke = ev.Revoke(
+                            time.time(),
+                            effect.group,
+                            effect.token,
+                            ev.REASON_NOT_DELIVERED,
+                            effect.call_id,
+                        )
                         self._apply(revoke)
                 case ev.LeftQueue():
                     error: TimeSliceError = (
@@ -299,9 +311,12 @@ class Orchestrator:
                     )
                     self._fail_call(effect.call_id, error)
                 case ev.Superseded():
-                    self._fail_call(effect.call_id, ConflictError(
-                        f"a newer Acquire of {effect.job} on {effect.group} took this one's place"
-                    ))
+                    self._fail_call(
+                        effect.call_id,
+                        ConflictError(
+                            f"a newer Acquire of {effect.job} on {effect.group} took this one's place"
+                        ),
+                    )
                 case ev.Queued() | ev.Yielded() | ev.Revoked() | ev.LeaseRenewed():
                     pass
                 case _:
@@ -394,7 +409,9 @@ class Orchestrator:
         finally:
             self._calls.pop(call_id, None)
 
-    def _abandon(self, call_id: str, group: str, job: str, granted: asyncio.Future[ev.Granted]) -> None:
+    def _abandon(
+        self, call_id: str, group: str, job: str, granted: asyncio.Future[ev.Granted]
+    ) -> None:
         """The caller went away: take it out of the queue, or roll back its grant."""
         self._calls.pop(call_id, None)
         if self._state == "closed":

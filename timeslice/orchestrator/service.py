@@ -60,7 +60,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:
         answer = await self.orch.yield_(
-            message.group_id, message.job_id, request_id=message.request_id, token=message.fencing_token
+            message.group_id,
+            message.job_id,
+            request_id=message.request_id,
+            token=message.fencing_token,
         )
         return pb.YieldResponse(
             success=True,
@@ -72,7 +75,9 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     async def list_groups(self, message: pb.ListGroupsRequest) -> pb.ListGroupsResponse:
         return pb.ListGroupsResponse(group_ids=sorted(self.orch.table.groups))
 
-    async def get_group_status(self, message: pb.GetGroupStatusRequest) -> pb.GetGroupStatusResponse:
+    async def get_group_status(
+        self, message: pb.GetGroupStatusRequest
+    ) -> pb.GetGroupStatusResponse:
         check_id("group_id", message.group_id)
         return pb.GetGroupStatusResponse(group=self._status(self.orch.group(message.group_id)))
 
@@ -89,7 +94,9 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         for name in names:
             if name in self.orch.table.groups:
                 status = self._status(self.orch.group(name))
-                yield pb.WatchEvent(kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status)
+                yield pb.WatchEvent(
+                    kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status
+                )
         try:
             async for notice in notices:
                 if (event := self._watch_event(notice)) is not None:
@@ -231,5 +238,7 @@ def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:
 
 
 def _lease(lease: ev.LeaseInfo) -> pb.Lease:
-    expires = datetime.fromtimestamp(lease.expires_at, UTC) if lease.expires_at is not None else None
+    expires = (
+        datetime.fromtimestamp(lease.expires_at, UTC) if lease.expires_at is not None else None
+    )
     return pb.Lease(lease_id=lease.lease_id, ttl_ms=round(lease.ttl * 1000), expires_at=expires)

@@ -466,9 +466,7 @@ class LockTable:
                 }
                 for g in self.groups.values()
             ],
-            "recent": [
-                [rid, type(o).__name__, asdict(o)] for rid, o in self.recent.items()
-            ],
+            "recent": [[rid, type(o).__name__, asdict(o)] for rid, o in self.recent.items()],
         }
 
     @classmethod

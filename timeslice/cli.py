@@ -80,25 +80,34 @@ def serve_orchestrator(
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None
 
-    async def serve() -> None:
+    async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:
             typer.echo(
                 f"timeslice orchestrator serving on {orch.address} (journal: {db})", err=True
             )
-            await _until_signal()
-            typer.echo("shutting down", err=True)
+            await _until_signal_or(orch.wait_stopped())
+            if orch.failure is None:
+                typer.echo("shutting down", err=True)
+            return orch.failure
 
-    anyio.run(serve)
+    failure = anyio.run(serve)
+    if failure is not None:
+        typer.echo(f"error: the orchestrator stopped: {failure}", err=True)
+        raise typer.Exit(1)
 
 
-async def _until_signal() -> None:
-    stop = asyncio.Event()
+async def _until_signal_or(stopped: Awaitable[None]) -> None:
+    """Wait for SIGINT or SIGTERM, or until `stopped` completes."""
+    signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled.set)
+    waits = [asyncio.ensure_future(signalled.wait()), asyncio.ensure_future(stopped)]
     try:
-        await stop.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for wait in waits:
+            wait.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 

@@ -113,6 +113,10 @@ class Orchestrator:
         self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
         self._in_flight = 0
         self._drained = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._closer: asyncio.Task[None] | None = None
+        #: Why the orchestrator stopped on its own (a journal write failed), if it did.
+        self.failure: BaseException | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -171,6 +175,11 @@ class Orchestrator:
             self._server.close_connections()
         if self._journal is not None:
             await self._journal.close()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        """Return once the orchestrator has stopped: closed, or failed (see `failure`)."""
+        await self._stopped.wait()
 
     async def __aenter__(self) -> Orchestrator:
         await self.start()
@@ -227,6 +236,8 @@ class Orchestrator:
     def _apply(self, event: Event) -> asyncio.Future[list[Effect]]:
         """Handle `event` now; the future resolves once it is durable and acted on.
         Raises (leaving everything unchanged) if the table refuses the event."""
+        if self.failure is not None:
+            raise UnavailableError(f"the orchestrator stopped: {self.failure}")
         effects = self.table.handle(event)
         done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
         if isinstance(event, ev.KeepAlive) or (
@@ -267,9 +278,12 @@ class Orchestrator:
             self._flusher = None
 
     async def _journal_failed(self, batch: list[Any], exc: Exception) -> None:
-        """The table is ahead of the journal: fail everything in the air and rebuild
-        the table from what is durable. Clients retry with their request ids."""
-        log.error("journal write failed: %s; rebuilding from the journal", exc)
+        """A decision could not be made durable, and the table is already ahead of
+        the journal: stop (fail-stop), failing everything in the air. Clients
+        retry with their request ids against the next start, which rebuilds the
+        table from what the journal holds."""
+        log.error("journal write failed, the orchestrator stops: %s", exc)
+        self.failure = exc
         pending, self._pending = [*batch, *self._pending], []
         error = UnavailableError(f"journal write failed: {exc}")
         for _, _, done in pending:
@@ -278,12 +292,7 @@ class Orchestrator:
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(error)
-        assert self._journal is not None
-        try:
-            await self._restore(self._journal)
-        except Exception:
-            log.exception("journal unreadable; the orchestrator stops serving")
-            self._state = "closed"
+        self._closer = asyncio.get_running_loop().create_task(self.close())
 
     def _act(self, effects: list[Effect]) -> None:
         """Carry out effects whose event is durable."""
@@ -342,6 +351,8 @@ class Orchestrator:
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
+        if self.failure is not None:
+            return
         now = time.time()
         while (event := self.table.due(now)) is not None:
             self._apply(event)
@@ -414,7 +425,7 @@ class Orchestrator:
     ) -> None:
         """The caller went away: take it out of the queue, or roll back its grant."""
         self._calls.pop(call_id, None)
-        if self._state == "closed":
+        if self._state == "closed" or self.failure is not None:
             return  # its place is kept: the client retries against the next start
         now = time.time()
         if granted.done() and not granted.cancelled() and granted.exception() is None:

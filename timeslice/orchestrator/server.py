@@ -16,19 +16,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import socket
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
-from grpclib.config import Configuration
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
+from timeslice.api.serving import GrpcServer
 from timeslice.errors import (
     CancelledError,
     ConflictError,
@@ -100,7 +96,7 @@ class Orchestrator:
         self.config = config or OrchestratorConfig(**options)
         self.table = LockTable()
         self._journal: Journal | None = None
-        self._server: _Server | None = None
+        self._server: GrpcServer | None = None
         self._address: str | None = None
         self._state = "new"  # new -> serving -> closed
         self._pending: list[tuple[Event, list[Effect], asyncio.Future[list[Effect]]]] = []
@@ -170,9 +166,7 @@ class Orchestrator:
         if self._timer is not None:
             self._timer.cancel()
         if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server.close_connections()
+            await self._server.stop()
         if self._journal is not None:
             await self._journal.close()
         self._stopped.set()
@@ -222,14 +216,8 @@ class Orchestrator:
     async def _listen(self) -> None:
         from timeslice.orchestrator.service import OrchestratorService
 
-        # A small stream window: a message over the size limit is refused after
-        # its 5-byte header, with at most one window of it ever buffered.
-        grpc_config = Configuration(http2_stream_window_size=256 * 1024)
-        self._server = _Server([OrchestratorService(self)], config=grpc_config)
-        sock = _listening_socket(self.config.host, self.config.port)
-        await self._server.start(sock=sock)
-        host, port = sock.getsockname()[:2]
-        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._server = GrpcServer([OrchestratorService(self)])
+        self._address = await self._server.serve(self.config.host, self.config.port)
 
     # --- the engine: handle, journal, act ---------------------------------------------
 
@@ -379,6 +367,11 @@ class Orchestrator:
 
     # --- what the service calls -------------------------------------------------------
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest request accepted."""
+        return self.config.max_message_bytes
+
     @asynccontextmanager
     async def call(self) -> AsyncIterator[None]:
         """Account for one call in flight; refuse it once closing."""
@@ -496,39 +489,3 @@ def _first(effects: list[Effect], kind: type[_T]) -> _T:
         if isinstance(effect, kind):
             return effect
     raise TypeError(f"no {kind.__name__} among {effects!r}")
-
-
-class _Server(Server):
-    """grpclib's server, which also closes the connections it accepted when asked:
-    its own close() only stops listening and cancels calls, so clients would keep
-    talking to a server that is gone instead of reconnecting to its successor."""
-
-    def __init__(self, handlers: list[Any], *, config: Configuration) -> None:
-        super().__init__(handlers, config=config)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return protocol
-
-    def close_connections(self) -> None:
-        for protocol in list(self._protocols):
-            if hasattr(protocol, "processor"):
-                protocol.processor.close("the server is closing")
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket with Nagle off (else each call waits ~40 ms for an ACK)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host.strip("[]"), port))
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock

@@ -1,32 +1,25 @@
 """The orchestrator's gRPC servicer: decode, call the Orchestrator, encode.
 
 It never looks at lock state to decide anything; the Orchestrator and its table
-do. Domain errors become gRPC statuses here and nowhere else. Requests are read
-with a size limit checked before the body is read, and parsed strictly.
+do. The edge (size limits, strict parsing, error statuses) is `edge_mapping`'s.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpclib.const
-import grpclib.server
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
-from timeslice.api.wire import decode_strict
-from timeslice.errors import InvalidArgumentError, TimeSliceError, to_grpc_error
+from timeslice.api.serving import edge_mapping
+from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.state import Group, GroupState, check_id
 
 if TYPE_CHECKING:
     from timeslice.orchestrator.server import Notice, Orchestrator
-
-log = logging.getLogger(__name__)
 
 _STATE = {
     GroupState.IDLE: pb.GroupStatusState.IDLE,
@@ -155,78 +148,8 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             status=self._status(group) if group else None,
         )
 
-    # --- the edge: bounded, strict reads and error translation --------------------------
-
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        generated = super().__mapping__()
-        return {
-            route: grpclib.const.Handler(
-                self._handler(_METHODS[route.rsplit("/", 1)[1]], handler.cardinality),
-                handler.cardinality,
-                handler.request_type,
-                handler.reply_type,
-            )
-            for route, handler in generated.items()
-        }
-
-    def _handler(
-        self, name: str, cardinality: grpclib.const.Cardinality
-    ) -> Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]:
-        method = getattr(self, name)
-        streaming = cardinality is grpclib.const.Cardinality.UNARY_STREAM
-
-        async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
-            try:
-                async with self.orch.call():
-                    request = await recv_bounded(stream, self.orch.config.max_message_bytes)
-                    if streaming:
-                        async for reply in method(request):
-                            await stream.send_message(reply)
-                    else:
-                        await stream.send_message(await method(request))
-            except TimeSliceError as exc:
-                raise to_grpc_error(exc) from exc
-            except (GRPCError, TimeoutError):
-                raise
-            except Exception as exc:
-                log.exception("%s failed", name)
-                raise GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}") from exc
-
-        return handle
-
-
-_METHODS = {
-    "Acquire": "acquire",
-    "Yield": "yield_",
-    "ListGroups": "list_groups",
-    "GetGroupStatus": "get_group_status",
-    "KeepAlive": "keep_alive",
-    "Watch": "watch",
-    "ForceRelease": "force_release",
-}
-
-
-async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> Any:
-    """Read one request of at most `limit` bytes, refusing a larger one after its
-    5-byte header, before its body is read; parse it strictly."""
-    raw = stream._stream  # grpclib reads whole messages with no size limit
-    header = await raw.recv_data(5)
-    if len(header) < 5:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the request carries no message")
-    if header[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    size = int.from_bytes(header[1:5], "big")
-    if size > limit:
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED, f"request of {size} bytes is over the {limit}-byte limit"
-        )
-    body = await raw.recv_data(size)
-    if len(body) != size:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the request message is truncated")
-    try:
-        return decode_strict(stream._recv_type, body)
-    except ValueError as exc:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {exc}") from exc
+        return edge_mapping(super().__mapping__(), self, self.orch)
 
 
 def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:

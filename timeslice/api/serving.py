@@ -1,0 +1,180 @@
+"""What every timeslice gRPC server shares at its edge.
+
+- Requests are read with a size limit checked from the 5-byte message header,
+  before the body is read, and parsed strictly (`decode_strict`).
+- Domain errors become gRPC statuses here and nowhere else; anything
+  unexpected is logged and answered INTERNAL.
+- Each call is counted by its server (`Gate.call`), so that closing can refuse
+  new calls and drain those in flight.
+- The server closes the connections it accepted when it closes, and listens on
+  a socket with Nagle off.
+"""
+
+from __future__ import annotations
+
+import keyword
+import logging
+import re
+import socket
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import grpclib.const
+import grpclib.server
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+
+from timeslice.api.wire import decode_strict
+from timeslice.errors import TimeSliceError, to_grpc_error
+
+log = logging.getLogger(__name__)
+
+# A small stream window: a message over the size limit is refused after its
+# 5-byte header, with at most one window of it ever buffered.
+STREAM_WINDOW_BYTES = 256 * 1024
+
+
+class Gate(Protocol):
+    """The server side of each call: admission and the message size limit."""
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message accepted."""
+
+    def call(self) -> AbstractAsyncContextManager[None]:
+        """Count one call in flight; raise `UnavailableError` when not serving."""
+
+
+def edge_mapping(
+    generated: dict[str, grpclib.const.Handler], service: Any, gate: Gate
+) -> dict[str, grpclib.const.Handler]:
+    """The generated routes (`super().__mapping__()` of a servicer), each handled by
+    the servicer's method of the same name, with bounded strict reads and error
+    translation."""
+    return {
+        route: grpclib.const.Handler(
+            _handler(service, gate, _method_name(route), handler.cardinality),
+            handler.cardinality,
+            handler.request_type,
+            handler.reply_type,
+        )
+        for route, handler in generated.items()
+    }
+
+
+def _method_name(route: str) -> str:
+    name = re.sub(r"(?<!^)(?=[A-Z])", "_", route.rsplit("/", 1)[1]).lower()
+    return f"{name}_" if keyword.iskeyword(name) else name
+
+
+def _handler(
+    service: Any, gate: Gate, name: str, cardinality: Cardinality
+) -> Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]:
+    method = getattr(service, name)
+
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        try:
+            async with gate.call():
+                limit = gate.max_message_bytes
+                if cardinality in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM):
+                    request = await recv_bounded(stream, limit)
+                    if request is None:
+                        raise GRPCError(Status.INVALID_ARGUMENT, "the request carries no message")
+                else:
+                    request = _requests(stream, limit)
+                if cardinality in (Cardinality.UNARY_UNARY, Cardinality.STREAM_UNARY):
+                    await stream.send_message(await method(request))
+                else:
+                    async for reply in method(request):
+                        await stream.send_message(reply)
+        except TimeSliceError as exc:
+            raise to_grpc_error(exc) from exc
+        except (GRPCError, TimeoutError):
+            raise
+        except Exception as exc:
+            log.exception("%s failed", name)
+            raise GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}") from exc
+
+    return handle
+
+
+async def _requests(stream: grpclib.server.Stream[Any, Any], limit: int) -> AsyncIterator[Any]:
+    while (request := await recv_bounded(stream, limit)) is not None:
+        yield request
+
+
+async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> Any:
+    """Read one message of at most `limit` bytes (None at the end of the stream),
+    refusing a larger one after its 5-byte header; parse it strictly."""
+    raw = stream._stream  # grpclib reads whole messages with no size limit
+    header = await raw.recv_data(5)
+    if not header:
+        return None
+    if len(header) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the message is truncated")
+    if header[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    size = int.from_bytes(header[1:5], "big")
+    if size > limit:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is over the {limit}-byte limit"
+        )
+    body = await raw.recv_data(size)
+    if len(body) != size:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the message is truncated")
+    try:
+        return decode_strict(stream._recv_type, body)
+    except ValueError as exc:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {exc}") from exc
+
+
+class GrpcServer(grpclib.server.Server):
+    """grpclib's server, which also closes the connections it accepted when asked:
+    its own close() only stops listening and cancels calls, so clients would keep
+    talking to a server that is gone instead of reconnecting to its successor."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(
+            handlers, config=Configuration(http2_stream_window_size=STREAM_WINDOW_BYTES)
+        )
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    async def serve(self, host: str, port: int) -> str:
+        """Listen on HOST:PORT (0: any free port); return the address as "HOST:PORT"."""
+        sock = listening_socket(host, port)
+        await self.start(sock=sock)
+        bound_host, bound_port = sock.getsockname()[:2]
+        return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+
+    async def stop(self) -> None:
+        """Stop listening, cancel what still runs, and close every connection."""
+        self.close()
+        await self.wait_closed()
+        for protocol in list(self._protocols):
+            if hasattr(protocol, "processor"):
+                protocol.processor.close("the server is closing")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket with Nagle off (else each call waits ~40 ms for an ACK)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

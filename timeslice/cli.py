@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -96,7 +97,59 @@ def serve_orchestrator(
         raise typer.Exit(1)
 
 
-async def _until_signal_or(stopped: Awaitable[None]) -> None:
+@serve_app.command("agent")
+def serve_agent(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (it can touch other processes' memory).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 9001,
+    node_name: Annotated[
+        str | None, typer.Option(help="This node's name (default: the host name).")
+    ] = None,
+    db: Annotated[
+        str, typer.Option(help="Job table: sqlite:///PATH, a file path, or 'memory'.")
+    ] = "sqlite:///timeslice-agent.db",
+    backend: Annotated[
+        list[str] | None, typer.Option(help="Serve only these backends; repeatable (default: all).")
+    ] = None,
+    operation_timeout: Annotated[
+        float, typer.Option(help="Deadline of an operation whose request sets none, seconds.")
+    ] = 300.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+) -> None:
+    """Serve the node agent (snapshot and restore of jobs' accelerator contexts)."""
+    from timeslice.agent.server import Agent, AgentConfig
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = AgentConfig(
+            host=host,
+            port=port,
+            db=None if db == "memory" else db,
+            backends=tuple(backend) if backend else None,
+            operation_timeout=operation_timeout,
+            node_name=node_name or socket.gethostname(),
+        )
+    except TimeSliceError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def serve() -> None:
+        async with Agent(config) as agent:
+            backends = ", ".join(sorted(agent.backends)) or "none"
+            typer.echo(
+                f"timeslice agent {config.node_name} serving on {agent.address} "
+                f"(backends: {backends}; job table: {db})",
+                err=True,
+            )
+            await _until_signal_or(asyncio.Event().wait())
+            typer.echo("shutting down", err=True)
+
+    anyio.run(serve)
+
+
+async def _until_signal_or(stopped: Awaitable[object]) -> None:
     """Wait for SIGINT or SIGTERM, or until `stopped` completes."""
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()

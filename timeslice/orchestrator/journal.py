@@ -146,7 +146,7 @@ class SqlJournal(Journal):
     """
 
     def __init__(self, url: str) -> None:
-        self.url = make_url(_normalize_url(url))
+        self.url = make_url(normalize_url(url))
         self._sqlite = self.url.get_backend_name() == "sqlite"
         self._engine: sa.Engine | AsyncEngine | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -164,7 +164,7 @@ class SqlJournal(Journal):
             self._engine = sa.create_engine(
                 self.url, poolclass=StaticPool if memory else None, connect_args={"timeout": 30}
             )
-            _configure_sqlite(self._engine)
+            configure_sqlite(self._engine)
         else:
             self._engine = create_async_engine(self.url, pool_pre_ping=True)
         try:
@@ -301,7 +301,7 @@ def open_journal(url: str | None) -> Journal:
     return SqlJournal(url)
 
 
-def _normalize_url(url: str) -> str:
+def normalize_url(url: str) -> str:
     if "://" not in url:  # a bare path
         return f"sqlite:///{url}"
     scheme, rest = url.split("://", 1)
@@ -319,7 +319,7 @@ def _normalize_url(url: str) -> str:
     )
 
 
-def _configure_sqlite(engine: sa.Engine) -> None:
+def configure_sqlite(engine: sa.Engine) -> None:
     """WAL with full sync, and transactions that take the write lock when they begin
     (`BEGIN IMMEDIATE`), since the driver's own transaction handling would not."""
 

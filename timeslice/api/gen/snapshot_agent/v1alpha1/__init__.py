@@ -20,9 +20,12 @@ __all__ = (
     "JobStatus",
     "MemoryRegion",
     "MemoryRegionsBackendConfig",
+    "NamedBackendConfig",
     "OperationStatus",
     "ProcessTarget",
     "RegisterWorkload",
+    "ResetJobRequest",
+    "ResetJobResponse",
     "RestoreCommand",
     "RestoreRequest",
     "RestoreResponse",
@@ -245,6 +248,11 @@ class AgentCommand(betterproto2.Message):
         3, betterproto2.TYPE_MESSAGE, optional=True, group="command"
     )
 
+    deadline_ms: "int" = betterproto2.field(100, betterproto2.TYPE_INT64)
+    """
+    When the agent gives up on the command.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "AgentCommand", AgentCommand
@@ -325,6 +333,10 @@ class BackendConfig(betterproto2.Message):
         5, betterproto2.TYPE_MESSAGE, optional=True, group="backend"
     )
 
+    named: "NamedBackendConfig | None" = betterproto2.field(
+        100, betterproto2.TYPE_MESSAGE, optional=True, group="backend"
+    )
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "BackendConfig", BackendConfig
@@ -338,6 +350,18 @@ class CommandResult(betterproto2.Message):
     ok: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
 
     error: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    storage_bytes: "int | None" = betterproto2.field(
+        100, betterproto2.TYPE_INT64, optional=True
+    )
+    """
+    What the command moved, as the workload measured it: bytes kept in host
+    storage, and accelerator memory freed (snapshot) or filled (restore).
+    """
+
+    device_bytes: "int | None" = betterproto2.field(
+        101, betterproto2.TYPE_INT64, optional=True
+    )
 
 
 default_message_pool.register_message(
@@ -377,6 +401,14 @@ default_message_pool.register_message(
 class GetOperationRequest(betterproto2.Message):
     operation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
+    wait_ms: "int | None" = betterproto2.field(
+        100, betterproto2.TYPE_INT64, optional=True
+    )
+    """
+    Wait up to this long for the operation to finish before answering, so
+    that a caller need not poll. Unset or 0: answer at once.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "GetOperationRequest", GetOperationRequest
@@ -401,6 +433,20 @@ class GetOperationResponse(betterproto2.Message):
 
     error: "str | None" = betterproto2.field(5, betterproto2.TYPE_STRING, optional=True)
 
+    job_id: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
+
+    group: "str" = betterproto2.field(101, betterproto2.TYPE_STRING)
+
+    kind: "str" = betterproto2.field(102, betterproto2.TYPE_STRING)
+    """
+    "snapshot" or "restore".
+    """
+
+    backend: "str" = betterproto2.field(103, betterproto2.TYPE_STRING)
+    """
+    The backend that ran it.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "GetOperationResponse", GetOperationResponse
@@ -414,6 +460,20 @@ class JobStatus(betterproto2.Message):
     state: "JobState" = betterproto2.field(
         2, betterproto2.TYPE_ENUM, default_factory=lambda: JobState(0)
     )
+
+    group: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
+
+    backend: "str" = betterproto2.field(101, betterproto2.TYPE_STRING)
+
+    fault: "str" = betterproto2.field(102, betterproto2.TYPE_STRING)
+    """
+    Why the job is FAULTED.
+    """
+
+    operation_id: "str" = betterproto2.field(103, betterproto2.TYPE_STRING)
+    """
+    The operation running now, or the last one.
+    """
 
 
 default_message_pool.register_message("snapshot_agent.v1alpha1", "JobStatus", JobStatus)
@@ -454,6 +514,32 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class NamedBackendConfig(betterproto2.Message):
+    """
+    A backend found by name among the installed ones (the `timeslice.backends`
+    entry points), such as "noop".
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    options: "dict[str, str]" = betterproto2.field(
+        2,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(
+            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
+        ),
+    )
+    """
+    Options the backend understands; unknown ones are refused.
+    """
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "NamedBackendConfig", NamedBackendConfig
+)
+
+
+@dataclass(eq=False, repr=False)
 class ProcessTarget(betterproto2.Message):
     pids: "list[int]" = betterproto2.field(1, betterproto2.TYPE_INT32, repeated=True)
 
@@ -476,9 +562,41 @@ class RegisterWorkload(betterproto2.Message):
         3, betterproto2.TYPE_MESSAGE, optional=True
     )
 
+    state: "JobState" = betterproto2.field(
+        100, betterproto2.TYPE_ENUM, default_factory=lambda: JobState(0)
+    )
+    """
+    Where the workload's context is now: RUNNING or SAVED (a workload that
+    reconnects after a snapshot). Unspecified: RUNNING.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "RegisterWorkload", RegisterWorkload
+)
+
+
+@dataclass(eq=False, repr=False)
+class ResetJobRequest(betterproto2.Message):
+    job_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    group: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "ResetJobRequest", ResetJobRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ResetJobResponse(betterproto2.Message):
+    state: "JobState" = betterproto2.field(
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: JobState(0)
+    )
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "ResetJobResponse", ResetJobResponse
 )
 
 
@@ -504,6 +622,12 @@ class RestoreRequest(betterproto2.Message):
 
     backend_config: "BackendConfig | None" = betterproto2.field(
         4, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    fencing_token: "int" = betterproto2.field(100, betterproto2.TYPE_UINT64)
+
+    timeout_ms: "int | None" = betterproto2.field(
+        101, betterproto2.TYPE_INT64, optional=True
     )
 
     def __post_init__(self) -> None:
@@ -558,7 +682,20 @@ class SnapshotRequest(betterproto2.Message):
         4, betterproto2.TYPE_MESSAGE, optional=True
     )
     """
-    Omitted: the agent's default backend.
+    Omitted: the backend the job is known by, else the agent's default.
+    """
+
+    fencing_token: "int" = betterproto2.field(100, betterproto2.TYPE_UINT64)
+    """
+    The caller's fencing token for the group: a request older than the newest
+    seen is refused (ABORTED). Zero: not checked.
+    """
+
+    timeout_ms: "int | None" = betterproto2.field(
+        101, betterproto2.TYPE_INT64, optional=True
+    )
+    """
+    The longest the operation may take; then it fails. Unset: the agent's default.
     """
 
     def __post_init__(self) -> None:
@@ -601,6 +738,8 @@ class StatusResponse(betterproto2.Message):
     accelerator_statuses: "list[AcceleratorStatus]" = betterproto2.field(
         2, betterproto2.TYPE_MESSAGE, repeated=True
     )
+
+    node_name: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
 
 
 default_message_pool.register_message(
@@ -767,6 +906,28 @@ class SnapshotAgentServiceStub(betterproto2_grpclib.ServiceStub):
         ):
             yield response
 
+    async def reset_job(
+        self,
+        message: "ResetJobRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ResetJobResponse":
+        """
+        --- timeslice extensions ---
+        Clears a job's fault (quarantine) and asks its backend where its context is.
+        """
+
+        return await self._unary_unary(
+            "/snapshot_agent.v1alpha1.SnapshotAgentService/ResetJob",
+            message,
+            ResetJobResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
     async def snapshot(self, message: "SnapshotRequest") -> "SnapshotResponse":
@@ -810,6 +971,14 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield AgentCommand()
 
+    async def reset_job(self, message: "ResetJobRequest") -> "ResetJobResponse":
+        """
+        --- timeslice extensions ---
+        Clears a job's fault (quarantine) and asks its backend where its context is.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_snapshot(
         self, stream: "grpclib.server.Stream[SnapshotRequest, SnapshotResponse]"
     ) -> None:
@@ -852,6 +1021,14 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
             request,
         )
 
+    async def __rpc_reset_job(
+        self, stream: "grpclib.server.Stream[ResetJobRequest, ResetJobResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.reset_job(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/snapshot_agent.v1alpha1.SnapshotAgentService/Snapshot": grpclib.const.Handler(
@@ -883,5 +1060,11 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 WorkloadMessage,
                 AgentCommand,
+            ),
+            "/snapshot_agent.v1alpha1.SnapshotAgentService/ResetJob": grpclib.const.Handler(
+                self.__rpc_reset_job,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ResetJobRequest,
+                ResetJobResponse,
             ),
         }

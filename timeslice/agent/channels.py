@@ -1,0 +1,166 @@
+"""The workload channels the agent holds open: one per registered workload.
+
+A workload that does its own offload (a vLLM engine, a trainer that moves its
+tensors to pinned host memory, the host-memory workload) registers over the
+`WorkloadChannel` stream and is then sent snapshot and restore commands, each
+with an id, and answers each with a result. A newer registration of the same
+job replaces the older stream; a stream that ends fails whatever it still owed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+from timeslice.backends import OFFLOAD
+from timeslice.errors import (
+    ConflictError,
+    DeadlineExceededError,
+    InternalError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a workload said it supports when it registered."""
+
+    supported_modes: tuple[str, ...] = ()  # empty: no validation
+    default_mode: str = OFFLOAD
+    tags: tuple[str, ...] = ()
+
+    def resolve_mode(self, requested: str) -> str:
+        """The mode a snapshot command carries: never unspecified."""
+        mode = requested or self.default_mode or OFFLOAD
+        if self.supported_modes and mode not in self.supported_modes:
+            raise InvalidArgumentError(
+                f"the workload supports {', '.join(self.supported_modes)}, not {mode}"
+            )
+        return mode
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command for a workload."""
+
+    command_id: str
+    kind: str  # "snapshot" or "restore"
+    mode: str  # snapshot only
+    tags: tuple[str, ...]
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """A workload's answer to a command."""
+
+    command_id: str
+    ok: bool
+    error: str = ""
+    storage_bytes: int | None = None
+    device_bytes: int | None = None
+
+
+@dataclass
+class WorkloadChannel:
+    """One registered workload's open stream."""
+
+    group: str
+    job: str
+    capabilities: Capabilities
+    state: str = "RUNNING"  # where the workload's context is, as far as the channel knows
+    outbox: asyncio.Queue[Command | None] = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future[Result]] = field(default_factory=dict)
+    closed: str = ""  # why, once closed
+
+    async def run(self, command: Command, timeout: float) -> Result:
+        """Send `command` and wait for its result."""
+        if self.closed:
+            raise UnavailableError(f"the workload channel of {self.job} is closed: {self.closed}")
+        result: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self.pending[command.command_id] = result
+        self.outbox.put_nowait(command)
+        try:
+            return await asyncio.wait_for(result, timeout)
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"{self.job} did not answer {command.kind} command {command.command_id} "
+                f"within {timeout:.1f} s"
+            ) from None
+        finally:
+            self.pending.pop(command.command_id, None)
+
+    def deliver(self, result: Result) -> None:
+        """A result arrived on the stream."""
+        waiting = self.pending.get(result.command_id)
+        if waiting is None:
+            raise InvalidArgumentError(f"no command {result.command_id!r} is waiting for a result")
+        if not waiting.done():
+            waiting.set_result(result)
+
+    def close(self, reason: str) -> None:
+        """End the stream; fail every command still waiting."""
+        if self.closed:
+            return
+        self.closed = reason
+        self.outbox.put_nowait(None)
+        for waiting in self.pending.values():
+            if not waiting.done():
+                waiting.set_exception(UnavailableError(f"workload channel closed: {reason}"))
+
+
+class WorkloadChannels:
+    """The open channels, by (group, job)."""
+
+    def __init__(self) -> None:
+        self._channels: dict[tuple[str, str], WorkloadChannel] = {}
+        self._ids = itertools.count(1)
+
+    def attach(self, channel: WorkloadChannel) -> None:
+        """Make `channel` the job's; an older one is closed."""
+        key = (channel.group, channel.job)
+        older = self._channels.get(key)
+        self._channels[key] = channel
+        if older is not None:
+            older.close("replaced by a newer registration of the same job")
+
+    def detach(self, channel: WorkloadChannel) -> bool:
+        """Forget `channel`; True if it was still the job's current one."""
+        key = (channel.group, channel.job)
+        if self._channels.get(key) is channel:
+            del self._channels[key]
+            return True
+        return False
+
+    def get(self, group: str, job: str) -> WorkloadChannel | None:
+        """The job's open channel (a workload registered without a group answers for any)."""
+        return self._channels.get((group, job)) or self._channels.get(("", job))
+
+    def command_id(self) -> str:
+        """A new, unique command id."""
+        return f"cmd-{next(self._ids)}"
+
+    async def send(
+        self, group: str, job: str, kind: str, mode: str, tags: tuple[str, ...], timeout: float
+    ) -> Result:
+        """Run one command on the job's workload; raise if it failed."""
+        channel = self.get(group, job)
+        if channel is None:
+            raise ConflictError(f"job {job} has no workload channel open (is it registered?)")
+        if kind == "snapshot":
+            mode = channel.capabilities.resolve_mode(mode)
+        command = Command(self.command_id(), kind, mode, tags, round(timeout * 1000))
+        result = await channel.run(command, timeout)
+        if not result.ok:
+            raise InternalError(
+                f"the workload failed to {kind}: {result.error or 'no reason given'}"
+            )
+        channel.state = "SAVED" if kind == "snapshot" else "RUNNING"
+        return result
+
+    def close_all(self, reason: str) -> None:
+        for channel in list(self._channels.values()):
+            channel.close(reason)
+        self._channels.clear()

@@ -1,0 +1,233 @@
+"""The agent's gRPC servicers: `SnapshotAgentService` and the standard health
+service. Decode, call the Agent, encode; the edge is `edge_mapping`'s."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import betterproto2
+import grpclib.const
+
+from timeslice.agent import state as st
+from timeslice.agent.channels import Capabilities, Command, Result, WorkloadChannel
+from timeslice.agent.state import JobState, Operation, OpStatus
+from timeslice.api.gen.grpc.health import v1 as health
+from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.api.serving import edge_mapping
+from timeslice.backends import DISCARD, OFFLOAD
+from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:
+    from timeslice.agent.server import Agent
+
+SERVICE_NAME = "snapshot_agent.v1alpha1.SnapshotAgentService"
+
+_MODE_NAME = {pb.SuspendMode.UNSPECIFIED: "", pb.SuspendMode.OFFLOAD: OFFLOAD,
+              pb.SuspendMode.DISCARD: DISCARD}  # fmt: skip
+_MODE = {OFFLOAD: pb.SuspendMode.OFFLOAD, DISCARD: pb.SuspendMode.DISCARD}
+_JOB_STATE = {state: pb.JobState[state.value] for state in JobState}
+_OP_STATUS = {status: pb.OperationStatus[status.value] for status in OpStatus}
+_APP = {pb.App.VLLM: "vllm", pb.App.SGLANG: "sglang"}
+
+
+class AgentService(pb.SnapshotAgentServiceBase):
+    """`SnapshotAgentService` over an `Agent`."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return edge_mapping(super().__mapping__(), self, self.agent)
+
+    async def snapshot(self, message: pb.SnapshotRequest) -> pb.SnapshotResponse:
+        op_id = await self._start(st.SNAPSHOT, message)
+        return pb.SnapshotResponse(operation_id=op_id)
+
+    async def restore(self, message: pb.RestoreRequest) -> pb.RestoreResponse:
+        op_id = await self._start(st.RESTORE, message)
+        return pb.RestoreResponse(operation_id=op_id)
+
+    async def _start(self, kind: str, message: pb.SnapshotRequest | pb.RestoreRequest) -> str:
+        backend, config, params = backend_of(message.backend_config, message.backend)
+        if message.timeout_ms is not None and message.timeout_ms <= 0:
+            raise InvalidArgumentError("timeout_ms must be positive")
+        return await self.agent.start_operation(
+            kind,
+            message.group,
+            message.job_id,
+            backend=backend,
+            config=config,
+            params=params,
+            token=message.fencing_token,
+            timeout=message.timeout_ms / 1000 if message.timeout_ms else None,
+        )
+
+    async def get_operation(self, message: pb.GetOperationRequest) -> pb.GetOperationResponse:
+        if not message.operation_id:
+            raise InvalidArgumentError("operation_id must not be empty")
+        wait = message.wait_ms or 0
+        if wait < 0:
+            raise InvalidArgumentError("wait_ms must not be negative")
+        op = await self.agent.operation(message.operation_id, wait / 1000)
+        return operation_response(op)
+
+    async def status(self, message: pb.StatusRequest) -> pb.StatusResponse:
+        jobs = [
+            pb.JobStatus(
+                job_id=job.job,
+                state=_JOB_STATE[job.state],
+                group=job.group,
+                backend=job.backend,
+                fault=job.fault,
+                operation_id=job.operation,
+            )
+            for job in self.agent.table.jobs.values()
+        ]
+        accelerators = [
+            pb.AcceleratorStatus(
+                id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
+            )
+            for m in await self.agent.accelerators()
+        ]
+        return pb.StatusResponse(
+            job_statuses=jobs,
+            accelerator_statuses=accelerators,
+            node_name=self.agent.config.node_name,
+        )
+
+    async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
+        state = await self.agent.reset(message.group, message.job_id)
+        return pb.ResetJobResponse(state=_JOB_STATE[state])
+
+    async def workload_channel(
+        self, messages: AsyncIterator[pb.WorkloadMessage]
+    ) -> AsyncIterator[pb.AgentCommand]:
+        first = await anext(messages, None)
+        kind, register = betterproto2.which_one_of(first, "message") if first else ("", None)
+        if kind != "register" or not isinstance(register, pb.RegisterWorkload):
+            raise InvalidArgumentError("the first WorkloadChannel message must be `register`")
+        channel = WorkloadChannel(register.group, register.job_id, capabilities_of(register))
+        state = JobState.SAVED if register.state == pb.JobState.SAVED else JobState.RUNNING
+        if register.state not in (pb.JobState.UNSPECIFIED, pb.JobState.RUNNING, pb.JobState.SAVED):
+            raise InvalidArgumentError("a workload registers as RUNNING or SAVED")
+        await self.agent.register(channel, state)
+        reader = asyncio.ensure_future(self._read_results(channel, messages))
+        try:
+            while (command := await channel.outbox.get()) is not None:
+                yield command_message(command)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            self.agent.unregister(channel, channel.closed or "the workload channel closed")
+
+    async def _read_results(
+        self, channel: WorkloadChannel, messages: AsyncIterator[pb.WorkloadMessage]
+    ) -> None:
+        reason = "the workload closed its channel"
+        try:
+            async for message in messages:
+                kind, result = betterproto2.which_one_of(message, "message")
+                if kind != "result" or not isinstance(result, pb.CommandResult):
+                    reason = "the workload sent something other than a command result"
+                    break
+                channel.deliver(
+                    Result(result.command_id, result.ok, result.error, result.storage_bytes,
+                           result.device_bytes)
+                )  # fmt: skip
+        except Exception as exc:
+            reason = f"the workload channel failed: {exc}"
+        channel.close(reason)
+
+
+def backend_of(
+    config: pb.BackendConfig | None, legacy: pb.Backend
+) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
+    """(backend name, job config, operation params) of a request's backend config."""
+    kind, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
+    match value:
+        case None:
+            return ("cuda", None, {}) if legacy == pb.Backend.CUDA else (None, None, {})
+        case pb.CudaBackendConfig():
+            pids = list(value.explicit_target.pids) if value.explicit_target else []
+            return "cuda", {"pids": pids}, {}
+        case pb.AppEndpointConfig():
+            if value.app not in _APP:
+                raise InvalidArgumentError("app_endpoint needs an app: APP_VLLM or APP_SGLANG")
+            job = {"app": _APP[value.app], "endpoints": list(value.endpoints)}
+            return "app_endpoint", job, {"mode": _MODE_NAME[value.mode], "tags": list(value.tags)}
+        case pb.AppChannelConfig():
+            return "app_channel", {}, {"mode": _MODE_NAME[value.mode], "tags": list(value.tags)}
+        case pb.NamedBackendConfig():
+            if not value.name:
+                raise InvalidArgumentError("a named backend needs a name")
+            return value.name, dict(value.options), {}
+        case pb.DirectMemoryBackendConfig():
+            raise ConflictError("the direct_memory backend is disabled on this agent")
+        case pb.MemoryRegionsBackendConfig():
+            raise ConflictError("the memory_regions backend is not available on this agent")
+    raise InvalidArgumentError(f"unknown backend config {kind!r}")
+
+
+def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:
+    if not register.job_id:
+        raise InvalidArgumentError("register.job_id must not be empty")
+    caps = register.capabilities or pb.WorkloadCapabilities()
+    modes = tuple(_MODE_NAME[m] for m in caps.supported_modes if _MODE_NAME.get(m))
+    return Capabilities(modes, _MODE_NAME.get(caps.default_mode) or OFFLOAD, tuple(caps.tags))
+
+
+def command_message(command: Command) -> pb.AgentCommand:
+    if command.kind == st.SNAPSHOT:
+        snapshot = pb.SnapshotCommand(mode=_MODE[command.mode], tags=list(command.tags))
+        return pb.AgentCommand(
+            command.command_id, snapshot=snapshot, deadline_ms=command.deadline_ms
+        )
+    restore = pb.RestoreCommand(tags=list(command.tags))
+    return pb.AgentCommand(command.command_id, restore=restore, deadline_ms=command.deadline_ms)
+
+
+def operation_response(op: Operation) -> pb.GetOperationResponse:
+    end = op.finished if op.finished is not None else time.time()
+    complete = op.status is OpStatus.COMPLETE
+    return pb.GetOperationResponse(
+        status=_OP_STATUS[op.status],
+        storage_bytes=op.storage_bytes if complete else None,
+        snapshot_device_bytes=op.device_bytes if complete else None,
+        elapsed_ms=round((end - op.started) * 1000),
+        error=op.error if op.status is OpStatus.FAILED else None,
+        job_id=op.job,
+        group=op.group,
+        kind=op.kind,
+        backend=op.backend,
+    )
+
+
+class HealthService(health.HealthBase):
+    """The standard health service: SERVING while the agent serves; a backend's name
+    as the service asks whether that backend is available."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return edge_mapping(super().__mapping__(), self, self.agent)
+
+    def _status(self, service: str) -> health.HealthCheckResponseServingStatus:
+        if service not in ("", SERVICE_NAME) and service not in self.agent.backends:
+            if service not in self.agent.unavailable:
+                raise NotFoundError(f"unknown service {service!r}")
+            return health.HealthCheckResponseServingStatus.NOT_SERVING
+        serving = self.agent.serving
+        return (health.HealthCheckResponseServingStatus.SERVING if serving
+                else health.HealthCheckResponseServingStatus.NOT_SERVING)  # fmt: skip
+
+    async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
+        return health.HealthCheckResponse(status=self._status(message.service))
+
+    async def watch(
+        self, message: health.HealthCheckRequest
+    ) -> AsyncIterator[health.HealthCheckResponse]:
+        yield health.HealthCheckResponse(status=self._status(message.service))

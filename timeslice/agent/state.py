@@ -1,0 +1,492 @@
+"""The agent's job table: every job's context state on this node, as a pure state
+machine.
+
+One mutator, `JobTable.handle(event) -> list[effect]`; no clock, no I/O. A job
+is keyed by (group, job id). Its state:
+
+    IDLE           known, no context yet (or its state is being asked after a reset)
+    RUNNING        its context is live on the accelerators
+    TRANSITIONING  an operation (snapshot or restore) is moving it
+    SAVED          its context is in host storage; the accelerators are free of it
+    FAULTED        quarantined: an operation failed, it was interrupted, or its
+                   workload went away. Other jobs go on; `Reset` clears it.
+
+Transitions:
+
+    state          event                       next state      effects
+    (none)         Register                    RUNNING|SAVED
+    any but TRANS. Register (the workload is    RUNNING|SAVED   (a workload vouches for
+                   back, saying where it is)                    its own state)
+    RUNNING        Start(snapshot)             TRANSITIONING   Run
+    SAVED          Start(restore)              TRANSITIONING   Run
+    TRANSITIONING  Finish(ok)                  SAVED|RUNNING   Done
+    TRANSITIONING  Finish(failed), deadline    FAULTED         Done (+ Cancel on deadline)
+    any            Lost                        FAULTED
+    FAULTED        Reset                       IDLE            Reconcile
+    IDLE|RUNNING|  Reconciled(state)           state, or FAULTED when the backend
+    SAVED                                                      cannot tell
+    any            Recover (agent restart)     TRANSITIONING -> FAULTED; pending
+                                               operations fail; Reconcile the rest
+
+Anything else raises a `TimeSliceError` and changes nothing. A fencing token per
+group only grows: a Start with an older token is refused. The resources a job
+claims (its processes, say) belong to one job only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from timeslice.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+)
+from timeslice.orchestrator.state import check_id
+
+SNAPSHOT: Final = "snapshot"
+RESTORE: Final = "restore"
+
+
+class JobState(enum.Enum):
+    """A job's context state, named as on the wire."""
+
+    IDLE = "IDLE"
+    RUNNING = "RUNNING"
+    TRANSITIONING = "TRANSITIONING"
+    SAVED = "SAVED"
+    FAULTED = "FAULTED"
+
+
+class OpStatus(enum.Enum):
+    """An operation's status, named as on the wire."""
+
+    PENDING = "PENDING"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Register:
+    """A job becomes known with `backend`, or comes back (a workload that reconnected)."""
+
+    now: float
+    group: str
+    job: str
+    backend: str
+    config: dict[str, Any]
+    claims: tuple[str, ...] = ()
+    state: JobState = JobState.RUNNING
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start a snapshot or restore. `backend`/`config` name the job's backend when
+    the job is not known yet (or must match it when it is)."""
+
+    now: float
+    kind: str
+    group: str
+    job: str
+    timeout: float
+    token: int = 0
+    backend: str | None = None
+    config: dict[str, Any] | None = None
+    claims: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)  # this operation's own (mode, tags)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The backend finished operation `op_id`."""
+
+    now: float
+    op_id: str
+    ok: bool
+    storage_bytes: int | None = None
+    device_bytes: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The job's workload went away (its channel closed, its process ended)."""
+
+    now: float
+    group: str
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reset:
+    """An operator clears the job's fault."""
+
+    now: float
+    group: str
+    job: str
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """The backend says where the job's context is (None: it cannot tell)."""
+
+    now: float
+    group: str
+    job: str
+    state: JobState | None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Recover:
+    """The agent started on its saved table."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: operations past their deadline fail; old ones are forgotten."""
+
+    now: float
+
+
+Event = Register | Start | Finish | Lost | Reset | Reconciled | Recover | Tick
+
+# --- effects --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run operation `op_id` through its backend."""
+
+    op_id: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop running operation `op_id` (its deadline passed)."""
+
+    op_id: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """Operation `op_id` finished: wake whoever waits for it."""
+
+    op_id: str
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    """Ask the job's backend where its context is."""
+
+    group: str
+    job: str
+
+
+Effect = Run | Cancel | Done | Reconcile
+
+# --- the table ------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One job's context on this node."""
+
+    group: str
+    job: str
+    backend: str
+    config: dict[str, Any]
+    claims: list[str]
+    state: JobState
+    since: float
+    fault: str = ""
+    operation: str = ""  # the running or last operation
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.group, self.job)
+
+
+@dataclass
+class Operation:
+    """One snapshot or restore."""
+
+    op_id: str
+    kind: str
+    group: str
+    job: str
+    backend: str
+    params: dict[str, Any]
+    started: float
+    deadline: float
+    status: OpStatus = OpStatus.PENDING
+    finished: float | None = None
+    storage_bytes: int | None = None
+    device_bytes: int | None = None
+    error: str = ""
+
+
+class JobTable:
+    """Every job on this node, and the operations that move them."""
+
+    def __init__(self, op_retention: float = 600.0, max_operations: int = 10_000) -> None:
+        self.jobs: dict[tuple[str, str], Job] = {}
+        self.operations: dict[str, Operation] = {}
+        self.tokens: dict[str, int] = {}
+        self.next_op = 1
+        self.epoch = 0
+        self.op_retention = op_retention
+        self.max_operations = max_operations
+
+    def handle(self, event: Event) -> list[Effect]:
+        """Apply one event; return what the shell must do. Raises on an illegal event,
+        leaving the table unchanged."""
+        match event:
+            case Register():
+                return self._register(event)
+            case Start():
+                return self._start(event)
+            case Finish():
+                return self._finish(event)
+            case Lost():
+                return self._lost(event)
+            case Reset():
+                return self._reset(event)
+            case Reconciled():
+                return self._reconciled(event)
+            case Recover():
+                return self._recover(event)
+            case Tick():
+                return self._tick(event)
+        raise TypeError(f"not an event: {event!r}")
+
+    # --- lookups ----------------------------------------------------------------------
+
+    def find(self, group: str, job: str) -> Job | None:
+        """The job (group, job); a job registered without a group answers for any group."""
+        return self.jobs.get((group, job)) or self.jobs.get(("", job))
+
+    def job(self, group: str, job: str) -> Job:
+        """The job, or NotFoundError."""
+        found = self.find(group, job)
+        if found is None:
+            raise NotFoundError(f"unknown job {job!r} in group {group!r}")
+        return found
+
+    def _claimed_by_other(self, claims: tuple[str, ...], key: tuple[str, str]) -> str | None:
+        for other in self.jobs.values():
+            if other.key != key and (taken := set(claims) & set(other.claims)):
+                return f"{', '.join(sorted(taken))} already belong to job {other.job}"
+        return None
+
+    # --- transitions ------------------------------------------------------------------
+
+    def _register(self, e: Register) -> list[Effect]:
+        check_id("job_id", e.job)
+        if e.group:
+            check_id("group", e.group)
+        if e.state not in (JobState.RUNNING, JobState.SAVED):
+            raise InvalidArgumentError(f"a job registers as RUNNING or SAVED, not {e.state.value}")
+        existing = self.jobs.get((e.group, e.job))
+        if existing is not None and existing.state is JobState.TRANSITIONING:
+            raise ConflictError(f"job {e.job} is in operation {existing.operation}")
+        if existing is not None and existing.backend != e.backend:
+            raise ConflictError(
+                f"job {e.job} is known by backend {existing.backend}, not {e.backend}"
+            )
+        if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
+            raise AlreadyExistsError(taken)
+        self.jobs[(e.group, e.job)] = Job(
+            e.group,
+            e.job,
+            e.backend,
+            dict(e.config),
+            list(e.claims),
+            e.state,
+            e.now,
+            operation=existing.operation if existing else "",
+        )
+        return []
+
+    def _start(self, e: Start) -> list[Effect]:
+        if e.kind not in (SNAPSHOT, RESTORE):
+            raise InvalidArgumentError(f"unknown operation kind {e.kind!r}")
+        check_id("job_id", e.job)
+        if e.group:
+            check_id("group", e.group)
+        if e.timeout <= 0:
+            raise InvalidArgumentError("an operation's timeout must be positive")
+        newest = self.tokens.get(e.group, 0)
+        if e.token and e.token < newest:
+            raise LeaseLostError(
+                f"stale fencing token {e.token} for group {e.group!r} (newest seen {newest})"
+            )
+        job = self.find(e.group, e.job)
+        if job is None:
+            if e.kind == RESTORE or e.backend is None:
+                raise NotFoundError(f"unknown job {e.job!r} in group {e.group!r}")
+            if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
+                raise AlreadyExistsError(taken)
+            job = Job(e.group, e.job, e.backend, dict(e.config or {}), list(e.claims),
+                      JobState.RUNNING, e.now)  # fmt: skip
+        elif e.backend is not None and e.backend != job.backend:
+            raise ConflictError(f"job {e.job} is known by backend {job.backend}, not {e.backend}")
+        needed = JobState.RUNNING if e.kind == SNAPSHOT else JobState.SAVED
+        if job.state is not needed:
+            detail = {
+                JobState.TRANSITIONING: f" (operation {job.operation} is running)",
+                JobState.FAULTED: f" ({job.fault}; reset it first)",
+            }.get(job.state, "")
+            raise ConflictError(f"cannot {e.kind} job {e.job}: it is {job.state.value}{detail}")
+        if e.token:
+            self.tokens[e.group] = e.token
+        op = Operation(
+            f"op-{self.next_op}", e.kind, job.group, job.job, job.backend, dict(e.params),
+            e.now, e.now + e.timeout,
+        )  # fmt: skip
+        self.next_op += 1
+        self.operations[op.op_id] = op
+        self.jobs[job.key] = job
+        job.state, job.since, job.operation, job.fault = JobState.TRANSITIONING, e.now, op.op_id, ""
+        return [Run(op.op_id)]
+
+    def _finish(self, e: Finish) -> list[Effect]:
+        op = self.operations.get(e.op_id)
+        if op is None or op.status is not OpStatus.PENDING:
+            return []  # it timed out or was interrupted already
+        op.status = OpStatus.COMPLETE if e.ok else OpStatus.FAILED
+        op.finished, op.storage_bytes, op.device_bytes = e.now, e.storage_bytes, e.device_bytes
+        op.error = "" if e.ok else (e.error or "the operation failed")
+        job = self.jobs.get((op.group, op.job))
+        if job is not None and job.operation == op.op_id and job.state is JobState.TRANSITIONING:
+            if e.ok:
+                job.state = JobState.SAVED if op.kind == SNAPSHOT else JobState.RUNNING
+            else:
+                job.state, job.fault = JobState.FAULTED, f"{op.kind} {op.op_id} failed: {op.error}"
+            job.since = e.now
+        return [Done(op.op_id)]
+
+    def _lost(self, e: Lost) -> list[Effect]:
+        job = self.jobs.get((e.group, e.job))
+        if job is None or job.state is JobState.FAULTED:
+            return []
+        job.state, job.fault, job.since = JobState.FAULTED, e.reason, e.now
+        return []
+
+    def _reset(self, e: Reset) -> list[Effect]:
+        job = self.job(e.group, e.job)
+        if job.state is not JobState.FAULTED:
+            raise ConflictError(f"job {e.job} is {job.state.value}, not FAULTED")
+        job.state, job.fault, job.since = JobState.IDLE, "", e.now
+        return [Reconcile(job.group, job.job)]
+
+    def _reconciled(self, e: Reconciled) -> list[Effect]:
+        job = self.jobs.get((e.group, e.job))
+        if job is None or job.state in (JobState.TRANSITIONING, JobState.FAULTED):
+            return []  # something newer happened to it meanwhile
+        if e.state is None:
+            job.state, job.fault = JobState.FAULTED, e.reason or "its backend cannot tell its state"
+        else:
+            job.state = e.state
+        job.since = e.now
+        return []
+
+    def _recover(self, e: Recover) -> list[Effect]:
+        self.epoch += 1
+        for op in self.operations.values():
+            if op.status is OpStatus.PENDING:
+                op.status, op.finished = OpStatus.FAILED, e.now
+                op.error = "interrupted: the agent restarted during the operation"
+        effects: list[Effect] = []
+        for job in self.jobs.values():
+            if job.state is JobState.TRANSITIONING:
+                job.state, job.since = JobState.FAULTED, e.now
+                job.fault = f"{job.operation} was interrupted by an agent restart"
+            elif job.state is not JobState.FAULTED:
+                effects.append(Reconcile(job.group, job.job))
+        return effects
+
+    def _tick(self, e: Tick) -> list[Effect]:
+        effects: list[Effect] = []
+        for op in list(self.operations.values()):
+            if op.status is OpStatus.PENDING and op.deadline <= e.now:
+                effects += self._finish(
+                    Finish(e.now, op.op_id, False, error=f"deadline exceeded after "
+                           f"{op.deadline - op.started:.1f} s")
+                )  # fmt: skip
+                effects.insert(0, Cancel(op.op_id))
+        self._forget_old_operations(e.now)
+        return effects
+
+    def _forget_old_operations(self, now: float) -> None:
+        finished = [op for op in self.operations.values() if op.status is not OpStatus.PENDING]
+        excess = len(self.operations) - self.max_operations
+        for op in sorted(finished, key=lambda o: o.finished or 0.0):
+            if (op.finished or 0.0) + self.op_retention <= now or excess > 0:
+                del self.operations[op.op_id]
+                excess -= 1
+
+    def next_deadline(self) -> float | None:
+        """When `Tick` next has something to do."""
+        times = [op.deadline for op in self.operations.values() if op.status is OpStatus.PENDING]
+        times += [
+            (op.finished or 0.0) + self.op_retention
+            for op in self.operations.values()
+            if op.status is not OpStatus.PENDING
+        ]
+        return min(times, default=None)
+
+    # --- checks and persistence -------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise AssertionError if an invariant does not hold."""
+        owners: dict[str, tuple[str, str]] = {}
+        for key, job in self.jobs.items():
+            assert key == job.key, (key, job.key)
+            for claim in job.claims:
+                assert claim not in owners, f"{claim} claimed by {owners[claim]} and {key}"
+                owners[claim] = key
+            pending = [o for o in self.operations.values() if o.status is OpStatus.PENDING
+                       and (o.group, o.job) == key]  # fmt: skip
+            if job.state is JobState.TRANSITIONING:
+                assert [o.op_id for o in pending] == [job.operation], (key, pending)
+            else:
+                assert not pending, f"{key} is {job.state.value} with {pending}"
+            assert (job.state is JobState.FAULTED) == bool(job.fault), (key, job.fault)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy of the whole table."""
+        return {
+            "jobs": [{**asdict(j), "state": j.state.value} for j in self.jobs.values()],
+            "operations": [
+                {**asdict(o), "status": o.status.value} for o in self.operations.values()
+            ],
+            "tokens": dict(self.tokens),
+            "next_op": self.next_op,
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **options: Any) -> JobTable:
+        """The inverse of `to_dict`."""
+        table = cls(**options)
+        for jd in data["jobs"]:
+            job = Job(**{**jd, "state": JobState(jd["state"])})
+            table.jobs[job.key] = job
+        for od in data["operations"]:
+            op = Operation(**{**od, "status": OpStatus(od["status"])})
+            table.operations[op.op_id] = op
+        table.tokens = dict(data["tokens"])
+        table.next_op = data["next_op"]
+        table.epoch = data["epoch"]
+        return table

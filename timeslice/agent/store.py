@@ -1,0 +1,90 @@
+"""Where the agent keeps its job table: one JSON document, saved whole after every
+change (a node has a handful of jobs), in SQLite (WAL, synchronous=FULL) or in
+memory. A restart loads it back, so that no saved job is forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import sqlalchemy as sa
+
+from timeslice.orchestrator.journal import configure_sqlite, normalize_url
+
+_metadata = sa.MetaData()
+_documents = sa.Table(
+    "agent_state",
+    _metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("saved_at", sa.Float, nullable=False),
+    sa.Column("doc", sa.Text, nullable=False),
+)
+_KEY = "job_table"
+
+
+class StateStore:
+    """The agent's saved job table. `url` None keeps it in memory."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self._memory: str | None = None
+        self._engine: sa.Engine | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def open(self) -> None:
+        if self.url is None or self._engine is not None:
+            return
+        url = sa.engine.make_url(normalize_url(self.url))
+        if url.get_backend_name() != "sqlite":
+            raise ValueError("the agent keeps its state in SQLite (a file on its node)")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="timeslice-agent-store")
+        self._engine = sa.create_engine(url, connect_args={"timeout": 30})
+        configure_sqlite(self._engine)
+        engine = self._engine
+        await self._in_thread(lambda: _metadata.create_all(engine))
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await self._in_thread(engine.dispose)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def _in_thread(self, fn: Any) -> Any:
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def load(self) -> dict[str, Any] | None:
+        """The saved document, or None."""
+        if self._engine is None:
+            return json.loads(self._memory) if self._memory else None
+        engine = self._engine
+
+        def read() -> str | None:
+            with engine.connect() as conn:
+                query = sa.select(_documents.c.doc).where(_documents.c.key == _KEY)
+                return conn.execute(query).scalar()
+
+        doc = await self._in_thread(read)
+        return json.loads(doc) if doc else None
+
+    async def save(self, document: dict[str, Any]) -> None:
+        """Replace the saved document, durably."""
+        text = json.dumps(document)
+        if self._engine is None:
+            self._memory = text
+            return
+        engine = self._engine
+
+        def write() -> None:
+            with engine.begin() as conn:
+                conn.execute(_documents.delete().where(_documents.c.key == _KEY))
+                conn.execute(
+                    _documents.insert(), {"key": _KEY, "saved_at": time.time(), "doc": text}
+                )
+
+        await self._in_thread(write)

@@ -6,14 +6,19 @@ async with Orchestrator() as orch:                      # the lock service
         train_step()
 """
 
+from timeslice.agent.server import Agent, AgentConfig
 from timeslice.client import (
     AcquireResult,
+    AsyncSnapshotAgentClient,
     AsyncTimeSliceOrchestratorClient,
     GroupLockState,
     GroupStatus,
     OrchestratorGroupStatus,
+    SnapshotAgentClient,
     TimeSliceOrchestratorClient,
     YieldResult,
+    register_workload,
+    register_workload_in_thread,
 )
 from timeslice.errors import (
     AlreadyExistsError,
@@ -37,18 +42,23 @@ from timeslice.errors import (
     UnimplementedError,
 )
 from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
+from timeslice.workloads import HostMemoryWorkload
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcquireResult",
+    "Agent",
+    "AgentConfig",
     "AlreadyExistsError",
+    "AsyncSnapshotAgentClient",
     "AsyncTimeSliceOrchestratorClient",
     "CancelledError",
     "ConflictError",
     "DeadlineExceededError",
     "GroupLockState",
     "GroupStatus",
+    "HostMemoryWorkload",
     "InternalError",
     "InvalidArgumentError",
     "LeaseLostError",
@@ -64,10 +74,13 @@ __all__ = [
     "OrchestratorTimeoutError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
+    "SnapshotAgentClient",
     "TimeSliceError",
     "TimeSliceOrchestratorClient",
     "UnavailableError",
     "UnimplementedError",
     "YieldResult",
     "__version__",
+    "register_workload",
+    "register_workload_in_thread",
 ]

@@ -146,7 +146,11 @@ def serve_agent(
             await _until_signal_or(asyncio.Event().wait())
             typer.echo("shutting down", err=True)
 
-    anyio.run(serve)
+    try:
+        anyio.run(serve)
+    except TimeSliceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 async def _until_signal_or(stopped: Awaitable[object]) -> None:

@@ -74,6 +74,7 @@ class WorkloadChannel:
     outbox: asyncio.Queue[Command | None] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[Result]] = field(default_factory=dict)
     closed: str = ""  # why, once closed
+    failure: Exception | None = None  # the error the stream ends with, if the workload broke it
 
     async def run(self, command: Command, timeout: float) -> Result:
         """Send `command` and wait for its result."""
@@ -92,13 +93,14 @@ class WorkloadChannel:
         finally:
             self.pending.pop(command.command_id, None)
 
-    def deliver(self, result: Result) -> None:
-        """A result arrived on the stream."""
+    def deliver(self, result: Result) -> bool:
+        """A result arrived on the stream; False if no command waits for it any more
+        (it came after the command's deadline)."""
         waiting = self.pending.get(result.command_id)
-        if waiting is None:
-            raise InvalidArgumentError(f"no command {result.command_id!r} is waiting for a result")
-        if not waiting.done():
-            waiting.set_result(result)
+        if waiting is None or waiting.done():
+            return False
+        waiting.set_result(result)
+        return True
 
     def close(self, reason: str) -> None:
         """End the stream; fail every command still waiting."""

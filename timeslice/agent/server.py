@@ -25,6 +25,7 @@ from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
 from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.serving import GrpcServer
+from timeslice.orchestrator.state import check_id
 from timeslice.backends import (
     AcceleratorMemory,
     Backend,
@@ -44,6 +45,9 @@ from timeslice.errors import (
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+# Finished operations saved with the job table: what GetOperation can still answer
+# after a restart (every pending one is saved too).
+SAVED_OPERATIONS = 64
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,12 @@ class Agent:
         await self.close()
 
     async def _load_backends(self) -> None:
-        names = self.config.backends or tuple(sorted(known_backends()))
+        installed = known_backends()
+        names = self.config.backends or tuple(sorted(installed))
+        if unknown := sorted(set(names) - set(installed)):
+            raise InvalidArgumentError(
+                f"unknown backend(s) {', '.join(unknown)}; installed: {', '.join(sorted(installed))}"
+            )
         for name in names:
             options = self.config.backend_options.get(name, {})
             context = BackendContext(self.config.node_name, self.channels, options)
@@ -229,7 +238,7 @@ class Agent:
                 waiting, self._waiting = self._waiting, []
                 effects, self._effects = self._effects, []
                 try:
-                    await self._store.save(self.table.to_dict())
+                    await self._store.save(self.table.to_dict(finished=SAVED_OPERATIONS))
                 except Exception as exc:
                     log.error("saving the job table failed: %s", exc)
                     error = UnavailableError(f"the agent could not save its job table: {exc}")
@@ -355,12 +364,20 @@ class Agent:
         token: int = 0,
         timeout: float | None = None,
     ) -> str:
-        """Start a snapshot or restore; return its operation id."""
+        """Start a snapshot or restore; return its operation id. The backend checks a
+        new job's config and the operation's parameters first; the table decides the rest."""
+        check_id("job_id", job)
+        if group:
+            check_id("group", group)
+        known = self.table.find(group, job)
+        name = backend or (known.backend if known else None)
         claims: tuple[str, ...] = ()
-        if backend is not None and self.table.find(group, job) is None and kind == st.SNAPSHOT:
-            claims = await self._backend(backend).check(JobRef(group, job, config or {}))
-        elif backend is not None:
-            self._backend(backend)
+        if name is not None:
+            chosen = self._backend(name)
+            ref = JobRef(group, job, known.config if known else (config or {}))
+            if known is None and kind == st.SNAPSHOT:
+                claims = await chosen.check(ref)
+            await chosen.check_operation(ref, kind, params or {})
         event = st.Start(
             time.time(),
             kind,
@@ -414,11 +431,18 @@ class Agent:
         """A workload registered over its channel."""
         event = st.Register(time.time(), channel.group, channel.job, "app_channel", {}, (), state)
         self._backend("app_channel")
-        await self._apply(event)
+        saved = self._apply(event)  # raises at once if the table refuses it
+        # Attached in the same step as the table learns of the job, so that no request
+        # can find the job without its channel.
         channel.state = state.value
         self.channels.attach(channel)
+        await saved
 
-    def unregister(self, channel: WorkloadChannel, reason: str) -> None:
-        """A workload's channel ended."""
+    def unregister(self, channel: WorkloadChannel, reason: str, deregistered: bool) -> None:
+        """A workload's channel ended: the job is forgotten if the workload said goodbye
+        (ended its stream cleanly), else marked lost."""
         if self.channels.detach(channel) and self._state == "serving":
-            self._apply(st.Lost(time.time(), channel.group, channel.job, reason))
+            now = time.time()
+            event = (st.Forget(now, channel.group, channel.job, reason) if deregistered
+                     else st.Lost(now, channel.group, channel.job, reason))  # fmt: skip
+            self._apply(event)

@@ -4,12 +4,14 @@ service. Decode, call the Agent, encode; the edge is `edge_mapping`'s."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import betterproto2
 import grpclib.const
+from grpclib.exceptions import GRPCError
 
 from timeslice.agent import state as st
 from timeslice.agent.channels import Capabilities, Command, Result, WorkloadChannel
@@ -23,7 +25,10 @@ from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent
 
+log = logging.getLogger(__name__)
+
 SERVICE_NAME = "snapshot_agent.v1alpha1.SnapshotAgentService"
+DEREGISTERED = "the workload deregistered (it closed its channel)"
 
 _MODE_NAME = {pb.SuspendMode.UNSPECIFIED: "", pb.SuspendMode.OFFLOAD: OFFLOAD,
               pb.SuspendMode.DISCARD: DISCARD}  # fmt: skip
@@ -118,28 +123,36 @@ class AgentService(pb.SnapshotAgentServiceBase):
         try:
             while (command := await channel.outbox.get()) is not None:
                 yield command_message(command)
+            if channel.failure is not None:
+                raise channel.failure
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            self.agent.unregister(channel, channel.closed or "the workload channel closed")
+            reason = channel.closed or "the workload channel closed"
+            self.agent.unregister(channel, reason, deregistered=reason == DEREGISTERED)
 
     async def _read_results(
         self, channel: WorkloadChannel, messages: AsyncIterator[pb.WorkloadMessage]
     ) -> None:
-        reason = "the workload closed its channel"
+        reason = ""  # a stream the workload ends cleanly: it deregistered
         try:
             async for message in messages:
                 kind, result = betterproto2.which_one_of(message, "message")
                 if kind != "result" or not isinstance(result, pb.CommandResult):
                     reason = "the workload sent something other than a command result"
+                    channel.failure = InvalidArgumentError(
+                        f"after `register`, a workload sends only command results, not {kind!r}"
+                    )
                     break
-                channel.deliver(
-                    Result(result.command_id, result.ok, result.error, result.storage_bytes,
-                           result.device_bytes)
-                )  # fmt: skip
+                answer = Result(result.command_id, result.ok, result.error,
+                                result.storage_bytes, result.device_bytes)  # fmt: skip
+                if not channel.deliver(answer):
+                    log.info("%s answered %s after its deadline", channel.job, result.command_id)
+        except GRPCError as exc:  # a message the edge refused (too large, malformed)
+            reason, channel.failure = f"the workload channel failed: {exc.message}", exc
         except Exception as exc:
             reason = f"the workload channel failed: {exc}"
-        channel.close(reason)
+        channel.close(reason or DEREGISTERED)
 
 
 def backend_of(

@@ -21,7 +21,10 @@ Transitions:
     SAVED          Start(restore)              TRANSITIONING   Run
     TRANSITIONING  Finish(ok)                  SAVED|RUNNING   Done
     TRANSITIONING  Finish(failed), deadline    FAULTED         Done (+ Cancel on deadline)
-    any            Lost                        FAULTED
+    any            Lost                        FAULTED         (Cancel, Done if it was
+                                                               TRANSITIONING)
+    any but TRANS. Forget (workload said bye)  (gone)
+    TRANSITIONING  Forget                      as for Lost
     FAULTED        Reset                       IDLE            Reconcile
     IDLE|RUNNING|  Reconciled(state)           state, or FAULTED when the backend
     SAVED                                                      cannot tell
@@ -36,7 +39,10 @@ claims (its processes, say) belong to one job only.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from copy import deepcopy
+from itertools import islice
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from timeslice.errors import (
@@ -126,6 +132,17 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Forget:
+    """The job's workload said goodbye: the job leaves the table (or, if an
+    operation is moving it, is marked lost)."""
+
+    now: float
+    group: str
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Reset:
     """An operator clears the job's fault."""
 
@@ -159,7 +176,7 @@ class Tick:
     now: float
 
 
-Event = Register | Start | Finish | Lost | Reset | Reconciled | Recover | Tick
+Event = Register | Start | Finish | Lost | Forget | Reset | Reconciled | Recover | Tick
 
 # --- effects --------------------------------------------------------------------------
 
@@ -242,6 +259,8 @@ class JobTable:
     def __init__(self, op_retention: float = 600.0, max_operations: int = 10_000) -> None:
         self.jobs: dict[tuple[str, str], Job] = {}
         self.operations: dict[str, Operation] = {}
+        # Finished operations' ids, oldest finished first: what is forgotten first.
+        self._finished: dict[str, None] = {}
         self.tokens: dict[str, int] = {}
         self.next_op = 1
         self.epoch = 0
@@ -260,6 +279,8 @@ class JobTable:
                 return self._finish(event)
             case Lost():
                 return self._lost(event)
+            case Forget():
+                return self._forget(event)
             case Reset():
                 return self._reset(event)
             case Reconciled():
@@ -311,7 +332,7 @@ class JobTable:
             e.job,
             e.backend,
             dict(e.config),
-            list(e.claims),
+            list(dict.fromkeys(e.claims)),
             e.state,
             e.now,
             operation=existing.operation if existing else "",
@@ -324,7 +345,7 @@ class JobTable:
         check_id("job_id", e.job)
         if e.group:
             check_id("group", e.group)
-        if e.timeout <= 0:
+        if not e.timeout > 0:  # NaN too
             raise InvalidArgumentError("an operation's timeout must be positive")
         newest = self.tokens.get(e.group, 0)
         if e.token and e.token < newest:
@@ -337,7 +358,7 @@ class JobTable:
                 raise NotFoundError(f"unknown job {e.job!r} in group {e.group!r}")
             if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
                 raise AlreadyExistsError(taken)
-            job = Job(e.group, e.job, e.backend, dict(e.config or {}), list(e.claims),
+            job = Job(e.group, e.job, e.backend, dict(e.config or {}), list(dict.fromkeys(e.claims)),
                       JobState.RUNNING, e.now)  # fmt: skip
         elif e.backend is not None and e.backend != job.backend:
             raise ConflictError(f"job {e.job} is known by backend {job.backend}, not {e.backend}")
@@ -367,6 +388,7 @@ class JobTable:
         op.status = OpStatus.COMPLETE if e.ok else OpStatus.FAILED
         op.finished, op.storage_bytes, op.device_bytes = e.now, e.storage_bytes, e.device_bytes
         op.error = "" if e.ok else (e.error or "the operation failed")
+        self._finished[op.op_id] = None
         job = self.jobs.get((op.group, op.job))
         if job is not None and job.operation == op.op_id and job.state is JobState.TRANSITIONING:
             if e.ok:
@@ -380,10 +402,28 @@ class JobTable:
         job = self.jobs.get((e.group, e.job))
         if job is None or job.state is JobState.FAULTED:
             return []
-        job.state, job.fault, job.since = JobState.FAULTED, e.reason, e.now
+        reason = e.reason or "its workload went away"
+        if job.state is JobState.TRANSITIONING:
+            # Its operation cannot finish without the workload; fail it now, or a workload
+            # that comes back could be moved by a second operation while this one runs.
+            failed = Finish(e.now, job.operation, False, error=reason)
+            return [Cancel(job.operation), *self._finish(failed)]
+        job.state, job.fault, job.since = JobState.FAULTED, reason, e.now
+        return []
+
+    def _forget(self, e: Forget) -> list[Effect]:
+        job = self.jobs.get((e.group, e.job))
+        if job is None:
+            return []
+        if job.state is JobState.TRANSITIONING:
+            return self._lost(Lost(e.now, e.group, e.job, e.reason))
+        del self.jobs[job.key]
         return []
 
     def _reset(self, e: Reset) -> list[Effect]:
+        check_id("job_id", e.job)
+        if e.group:
+            check_id("group", e.group)
         job = self.job(e.group, e.job)
         if job.state is not JobState.FAULTED:
             raise ConflictError(f"job {e.job} is {job.state.value}, not FAULTED")
@@ -391,6 +431,8 @@ class JobTable:
         return [Reconcile(job.group, job.job)]
 
     def _reconciled(self, e: Reconciled) -> list[Effect]:
+        if e.state not in (None, JobState.RUNNING, JobState.SAVED):
+            raise InvalidArgumentError(f"a backend reports RUNNING or SAVED, not {e.state}")
         job = self.jobs.get((e.group, e.job))
         if job is None or job.state in (JobState.TRANSITIONING, JobState.FAULTED):
             return []  # something newer happened to it meanwhile
@@ -407,6 +449,7 @@ class JobTable:
             if op.status is OpStatus.PENDING:
                 op.status, op.finished = OpStatus.FAILED, e.now
                 op.error = "interrupted: the agent restarted during the operation"
+                self._finished[op.op_id] = None
         effects: list[Effect] = []
         for job in self.jobs.values():
             if job.state is JobState.TRANSITIONING:
@@ -416,34 +459,35 @@ class JobTable:
                 effects.append(Reconcile(job.group, job.job))
         return effects
 
-    def _tick(self, e: Tick) -> list[Effect]:
-        effects: list[Effect] = []
-        for op in list(self.operations.values()):
-            if op.status is OpStatus.PENDING and op.deadline <= e.now:
-                effects += self._finish(
-                    Finish(e.now, op.op_id, False, error=f"deadline exceeded after "
-                           f"{op.deadline - op.started:.1f} s")
-                )  # fmt: skip
-                effects.insert(0, Cancel(op.op_id))
-        self._forget_old_operations(e.now)
-        return effects
+    def _pending(self) -> list[Operation]:
+        return [self.operations[j.operation] for j in self.jobs.values()
+                if j.state is JobState.TRANSITIONING]  # fmt: skip
 
-    def _forget_old_operations(self, now: float) -> None:
-        finished = [op for op in self.operations.values() if op.status is not OpStatus.PENDING]
-        excess = len(self.operations) - self.max_operations
-        for op in sorted(finished, key=lambda o: o.finished or 0.0):
-            if (op.finished or 0.0) + self.op_retention <= now or excess > 0:
-                del self.operations[op.op_id]
-                excess -= 1
+    def _tick(self, e: Tick) -> list[Effect]:
+        cancels: list[Effect] = []
+        dones: list[Effect] = []
+        for op in self._pending():
+            if op.deadline <= e.now:
+                took = op.deadline - op.started
+                failed = Finish(
+                    e.now, op.op_id, False, error=f"deadline exceeded after {took:.1f} s"
+                )
+                cancels.append(Cancel(op.op_id))
+                dones += self._finish(failed)
+        while self._finished:
+            oldest = self.operations[next(iter(self._finished))]
+            expired = (oldest.finished or 0.0) + self.op_retention <= e.now
+            if not expired and len(self.operations) <= self.max_operations:
+                break
+            del self._finished[oldest.op_id], self.operations[oldest.op_id]
+        return [*cancels, *dones]
 
     def next_deadline(self) -> float | None:
         """When `Tick` next has something to do."""
-        times = [op.deadline for op in self.operations.values() if op.status is OpStatus.PENDING]
-        times += [
-            (op.finished or 0.0) + self.op_retention
-            for op in self.operations.values()
-            if op.status is not OpStatus.PENDING
-        ]
+        times = [op.deadline for op in self._pending()]
+        if self._finished:
+            oldest = self.operations[next(iter(self._finished))]
+            times.append((oldest.finished or 0.0) + self.op_retention)
         return min(times, default=None)
 
     # --- checks and persistence -------------------------------------------------------
@@ -464,12 +508,26 @@ class JobTable:
                 assert not pending, f"{key} is {job.state.value} with {pending}"
             assert (job.state is JobState.FAULTED) == bool(job.fault), (key, job.fault)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy of the whole table."""
+    def to_dict(self, finished: int | None = None) -> dict[str, Any]:
+        """A JSON-ready copy of the table; with `finished`, of only that many of the
+        most recently finished operations (and every pending one)."""
+        ops: Iterable[Operation] = self.operations.values()
+        if finished is not None:
+            recent = [self.operations[i] for i in islice(reversed(self._finished), finished)]
+            chosen = {op.op_id: op for op in [*recent, *self._pending()]}
+            ops = sorted(chosen.values(), key=_number)  # ids are numbered in start order
         return {
-            "jobs": [{**asdict(j), "state": j.state.value} for j in self.jobs.values()],
+            "jobs": [
+                {
+                    **vars(j),
+                    "state": j.state.value,
+                    "config": deepcopy(j.config),
+                    "claims": list(j.claims),
+                }  # fmt: skip
+                for j in self.jobs.values()
+            ],
             "operations": [
-                {**asdict(o), "status": o.status.value} for o in self.operations.values()
+                {**vars(o), "status": o.status.value, "params": deepcopy(o.params)} for o in ops
             ],
             "tokens": dict(self.tokens),
             "next_op": self.next_op,
@@ -486,7 +544,14 @@ class JobTable:
         for od in data["operations"]:
             op = Operation(**{**od, "status": OpStatus(od["status"])})
             table.operations[op.op_id] = op
+        done = [op for op in table.operations.values() if op.status is not OpStatus.PENDING]
+        for op in sorted(done, key=lambda o: o.finished or 0.0):
+            table._finished[op.op_id] = None
         table.tokens = dict(data["tokens"])
         table.next_op = data["next_op"]
         table.epoch = data["epoch"]
         return table
+
+
+def _number(op: Operation) -> int:
+    return int(op.op_id.removeprefix("op-"))

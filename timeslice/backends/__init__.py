@@ -76,6 +76,10 @@ class Backend(Protocol):
         """Refuse a config this backend cannot act on; return the resources it claims."""
         ...
 
+    async def check_operation(self, job: JobRef, kind: str, params: Mapping[str, Any]) -> None:
+        """Refuse an operation's parameters (mode, tags) before it starts."""
+        ...
+
     async def snapshot(self, job: JobRef, params: Mapping[str, Any]) -> Moved:
         """Move the job's context off the accelerators."""
         ...
@@ -100,7 +104,7 @@ class Backend(Protocol):
 BackendFactory = Callable[[BackendContext], Backend]
 
 # Extras that bring what a built-in backend imports.
-_EXTRAS: Final = {"cuda": "cuda", "app_endpoint": "http"}
+_EXTRAS: Final = {"cuda": "cuda"}
 
 
 def known_backends() -> dict[str, importlib.metadata.EntryPoint]:

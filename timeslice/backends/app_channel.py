@@ -35,6 +35,13 @@ class AppChannelBackend:
             raise ConflictError(f"job {job.job} has no workload channel open (is it registered?)")
         return ()
 
+    async def check_operation(self, job: JobRef, kind: str, params: Mapping[str, Any]) -> None:
+        channel = self._channels.get(job.group, job.job)
+        if channel is None:
+            raise ConflictError(f"job {job.job} has no workload channel open (is it registered?)")
+        if kind == "snapshot":
+            channel.capabilities.resolve_mode(str(params.get("mode", "")))
+
     async def snapshot(self, job: JobRef, params: Mapping[str, Any]) -> Moved:
         return await self._command(job, "snapshot", params)
 

@@ -29,6 +29,9 @@ class NoopBackend:
         self._states[(job.group, job.job)] = "RUNNING"
         return ()
 
+    async def check_operation(self, job: JobRef, kind: str, params: Mapping[str, Any]) -> None:
+        pass
+
     async def snapshot(self, job: JobRef, params: Mapping[str, Any]) -> Moved:
         self._states[(job.group, job.job)] = "SAVED"
         return Moved(storage_bytes=0, device_bytes=0)

@@ -1,0 +1,131 @@
+"""Where the agent keeps its job table: in memory, or in an SQLite file that a
+restarted agent reads back."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timeslice.agent.state import SNAPSHOT, Finish, JobState, JobTable, Register, Start
+from timeslice.agent.store import StateStore
+
+
+def job_table_document() -> dict[str, Any]:
+    """A saved job table, with text that JSON must escape."""
+    table = JobTable()
+    table.handle(Register(1.0, "gröup ✓", "jöb 🚀", "noop", {"q": 'a " b\n'}, ("pid:1",)))
+    table.handle(Register(1.5, "", "any", "cuda", {}, (), JobState.SAVED))
+    table.handle(Start(2.0, SNAPSHOT, "gröup ✓", "jöb 🚀", 30.0, token=3))
+    table.handle(Finish(3.0, "op-1", True, storage_bytes=1 << 40))
+    return table.to_dict()
+
+
+@pytest.fixture(params=["memory", "file"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
+    return None if request.param == "memory" else f"sqlite:///{tmp_path / 'agent.db'}"
+
+
+async def test_an_empty_store_loads_nothing(url: str | None) -> None:
+    store = StateStore(url)
+    await store.open()
+    try:
+        assert await store.load() is None
+    finally:
+        await store.close()
+
+
+async def test_a_saved_table_loads_back_equal(url: str | None) -> None:
+    document = job_table_document()
+    store = StateStore(url)
+    await store.open()
+    try:
+        await store.save(document)
+        loaded = await store.load()
+        assert loaded == document
+        assert JobTable.from_dict(loaded).to_dict() == document
+    finally:
+        await store.close()
+
+
+async def test_a_save_replaces_the_last_one(url: str | None) -> None:
+    store = StateStore(url)
+    await store.open()
+    try:
+        await store.save({"version": 1})
+        await store.save(job_table_document())
+        assert await store.load() == job_table_document()
+    finally:
+        await store.close()
+
+
+async def test_what_was_saved_does_not_change_with_the_callers_dict(url: str | None) -> None:
+    document = job_table_document()
+    store = StateStore(url)
+    await store.open()
+    try:
+        await store.save(document)
+        document["jobs"].clear()
+        loaded = await store.load()
+        assert loaded is not None and len(loaded["jobs"]) == 2
+    finally:
+        await store.close()
+
+
+async def test_a_file_store_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "agent.db"
+    document = job_table_document()
+    first = StateStore(f"sqlite:///{path}")
+    await first.open()
+    await first.save(document)
+    await first.close()
+
+    second = StateStore(f"sqlite:///{path}")
+    await second.open()
+    try:
+        assert await second.load() == document
+    finally:
+        await second.close()
+    # one document, whole, in the file
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT key, doc FROM agent_state").fetchall()
+    assert [(key, json.loads(doc)) for key, doc in rows] == [("job_table", document)]
+
+
+async def test_a_bare_path_is_an_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "agent.db"
+    store = StateStore(str(path))
+    await store.open()
+    try:
+        await store.save({"epoch": 3})
+    finally:
+        await store.close()
+    again = StateStore(f"sqlite:///{path}")
+    await again.open()
+    try:
+        assert await again.load() == {"epoch": 3}
+    finally:
+        await again.close()
+
+
+async def test_open_and_close_are_idempotent(tmp_path: Path) -> None:
+    store = StateStore(f"sqlite:///{tmp_path / 'agent.db'}")
+    await store.open()
+    await store.save({"epoch": 1})
+    await store.open()
+    assert await store.load() == {"epoch": 1}
+    await store.close()
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "bad_url", ["postgresql://user@localhost/timeslice", "mysql://user@localhost/timeslice"]
+)
+async def test_a_store_that_is_not_sqlite_is_refused(bad_url: str) -> None:
+    store = StateStore(bad_url)
+    with pytest.raises(ValueError, match="SQLite|sqlite"):
+        await store.open()
+    await store.close()

@@ -1,0 +1,663 @@
+"""The clients of the node agent: start snapshots and restores, and wait for them.
+
+`AsyncSnapshotAgentClient` is the asyncio client; `SnapshotAgentClient` is the
+blocking one, with the v1alpha1 client's signatures, driving an async client
+on an event loop of its own.
+
+A Snapshot, Restore or ResetJob changes the job on the agent, so it is sent
+once: the client connects first and retries only while no connection can be
+opened (nothing has been sent then); a connection lost during the call raises
+`UnavailableError`, since the agent may have acted on it. GetOperation, Status
+and the health check are retried while the agent cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+from typing import TypeVar
+
+from grpclib.client import Channel
+
+from timeslice.api.gen.grpc.health import v1 as health_pb
+from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.client._bridge import run_blocking
+from timeslice.client._sync import _run_loop
+from timeslice.client._transport import call_with_retry, map_errors, parse_target
+from timeslice.client.agent_types import (
+    OPERATION_COMPLETE,
+    OPERATION_FAILED,
+    BackendLike,
+    GetOperationResponse,
+    HealthResponse,
+    ResetJobResponse,
+    RestoreResponse,
+    SnapshotResponse,
+    StatusResponse,
+    check_job_id,
+    enum_name,
+    get_operation_response,
+    health_response,
+    operation_request,
+    status_response,
+)
+from timeslice.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    TimeSliceError,
+)
+
+R = TypeVar("R")
+
+DEFAULT_ENDPOINT = "127.0.0.1:9001"
+
+# The longest one GetOperation asks the agent to wait; a longer wait asks again.
+_WAIT_SLICE_SEC = 30.0
+# How much longer than the agent's own wait the client waits for its answer.
+# More than a second: grpclib sends a deadline over 10 s in whole seconds, cut down.
+_WAIT_BACKSTOP_SEC = 2.0
+# A PENDING answer sooner than this (and than half the wait asked for) comes from
+# an agent that does not wait (a v1alpha1 one): the client then polls instead.
+_EARLY_ANSWER_SEC = 0.5
+
+# The name the v1alpha1 client raises, so that code written for it keeps catching it.
+SnapshotAgentError = TimeSliceError
+
+
+class OperationFailedError(TimeSliceError):
+    """A snapshot or restore ran on the agent and failed.
+
+    ``response`` is the operation's final state (its ``error`` says why).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        operation_id: str = "",
+        response: GetOperationResponse | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.operation_id = operation_id
+        self.response = response
+
+
+@dataclass(frozen=True)
+class _Stubs:
+    channel: Channel
+    agent: pb.SnapshotAgentServiceStub
+    health: health_pb.HealthStub
+
+
+class AsyncSnapshotAgentClient:
+    """Asyncio client of a node's snapshot agent.
+
+    ``endpoint`` is ``"host:port"``, ``"[ipv6]:port"`` or ``"unix:/path"``;
+    ``channel`` replaces the connection to it (and is not closed by the
+    client). ``call_timeout_sec`` bounds each call; ``reconnect_timeout_sec``
+    is how long a call keeps trying while the agent cannot be reached.
+
+    The client belongs to the event loop it is first used on.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        channel: Channel | None = None,
+        call_timeout_sec: float = 10.0,
+        reconnect_timeout_sec: float = 30.0,
+    ) -> None:
+        self._target = parse_target(endpoint)
+        if not call_timeout_sec > 0:
+            raise InvalidArgumentError(f"call_timeout_sec must be positive: {call_timeout_sec}")
+        if not reconnect_timeout_sec >= 0:
+            raise InvalidArgumentError(
+                f"reconnect_timeout_sec must not be negative: {reconnect_timeout_sec}"
+            )
+        self.endpoint = endpoint
+        self._call_timeout_sec = call_timeout_sec
+        self._reconnect_timeout_sec = reconnect_timeout_sec
+        self._owns_channel = channel is None
+        self._stubs = None if channel is None else _stubs(channel)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncSnapshotAgentClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the connection (not a channel given to the client). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_channel and self._stubs is not None:
+            self._stubs.channel.close()
+
+    async def snapshot(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> SnapshotResponse:
+        """Starts moving the job's accelerator context to host storage.
+
+        ``backend_config`` chooses the backend (see `cuda_config`,
+        `app_channel_config`, `named_backend`); without it the agent uses the
+        one the job is known by. ``backend`` is the deprecated enum (``"cuda"``),
+        ignored when ``backend_config`` is given. ``fencing_token``: the caller's
+        grant for the group (an older one is refused with `LeaseLostError`).
+        ``timeout_sec``: the operation's own deadline on the agent.
+        """
+        request = operation_request(
+            pb.SnapshotRequest, job_id, group, backend, backend_config, fencing_token, timeout_sec
+        )
+        stubs = self._connect()
+        response = await self._send_once(
+            f"Snapshot({group}/{job_id})",
+            lambda timeout: stubs.agent.snapshot(request, timeout=timeout),
+        )
+        return SnapshotResponse(operation_id=response.operation_id)
+
+    async def restore(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> RestoreResponse:
+        """Starts moving the job's saved context back onto the accelerators.
+
+        The arguments are those of `snapshot()`.
+        """
+        request = operation_request(
+            pb.RestoreRequest, job_id, group, backend, backend_config, fencing_token, timeout_sec
+        )
+        stubs = self._connect()
+        response = await self._send_once(
+            f"Restore({group}/{job_id})",
+            lambda timeout: stubs.agent.restore(request, timeout=timeout),
+        )
+        return RestoreResponse(operation_id=response.operation_id)
+
+    async def get_operation(
+        self, operation_id: str, *, timeout_sec: float | None = None
+    ) -> GetOperationResponse:
+        """The operation's status now; `NotFoundError` for an unknown id."""
+        _check_timeout(timeout_sec)
+        return await self._ask(operation_id, 0.0, timeout_sec)
+
+    async def status(self, *, timeout_sec: float | None = None) -> StatusResponse:
+        """Every job on the node, and every accelerator's memory."""
+        stubs = self._connect()
+        response = await self._read(
+            "Status", timeout_sec, lambda timeout: stubs.agent.status(timeout=timeout)
+        )
+        return status_response(response)
+
+    async def check_health(
+        self, service: str = "", *, timeout_sec: float | None = None
+    ) -> HealthResponse:
+        """The standard gRPC health check: of the agent, or of one ``service``."""
+        stubs = self._connect()
+        request = health_pb.HealthCheckRequest(service=service)
+        response = await self._read(
+            f"Health.Check({service})",
+            timeout_sec,
+            lambda timeout: stubs.health.check(request, timeout=timeout),
+        )
+        return health_response(response)
+
+    async def reset_job(self, job_id: str, group: str = "") -> ResetJobResponse:
+        """Clears a FAULTED job's fault; the agent then asks its backend where its context is."""
+        request = pb.ResetJobRequest(job_id=check_job_id(job_id), group=group)
+        stubs = self._connect()
+        response = await self._send_once(
+            f"ResetJob({group}/{job_id})",
+            lambda timeout: stubs.agent.reset_job(request, timeout=timeout),
+        )
+        return ResetJobResponse(state=enum_name(response.state))
+
+    async def wait_for_operation(
+        self,
+        operation_id: str,
+        poll_interval_sec: float = 1.0,
+        *,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Waits until the operation is COMPLETE or FAILED, and returns its final state.
+
+        The agent holds each GetOperation open until the operation ends (up to
+        30 s, then the client asks again). ``poll_interval_sec`` is the pause
+        between asks only for an agent that answers at once (a v1alpha1 one).
+        ``timeout_sec``: the longest wait, after which `DeadlineExceededError`
+        is raised (the operation goes on).
+        """
+        _check_timeout(timeout_sec)
+        if not poll_interval_sec >= 0:
+            raise InvalidArgumentError(
+                f"poll_interval_sec must not be negative: {poll_interval_sec}"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_sec is None else loop.time() + timeout_sec
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            wait = _WAIT_SLICE_SEC if left is None else min(_WAIT_SLICE_SEC, left)
+            asked_at = loop.time()
+            response = await self._ask(operation_id, wait, left)
+            if response.finished:
+                return response
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                raise DeadlineExceededError(
+                    f"operation {operation_id} still {response.status} after {timeout_sec} s"
+                )
+            if now - asked_at < min(wait / 2, _EARLY_ANSWER_SEC):
+                pause = poll_interval_sec if deadline is None else deadline - now
+                await asyncio.sleep(min(poll_interval_sec, pause))
+
+    async def snapshot_and_wait(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        poll_interval_sec: float = 1.0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Snapshots the job and waits until its context is in host storage.
+
+        Returns the COMPLETE operation; raises `OperationFailedError` when it
+        FAILED, `DeadlineExceededError` after ``timeout_sec``, which is also
+        the operation's deadline on the agent (so it does not go on unwatched).
+        """
+        return await self._run_and_wait(
+            "snapshot",
+            job_id,
+            timeout_sec,
+            poll_interval_sec,
+            lambda: self.snapshot(
+                job_id,
+                group,
+                backend,
+                backend_config,
+                fencing_token=fencing_token,
+                timeout_sec=timeout_sec,
+            ),
+        )
+
+    async def restore_and_wait(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        poll_interval_sec: float = 1.0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Restores the job and waits until its context is back; as `snapshot_and_wait()`."""
+        return await self._run_and_wait(
+            "restore",
+            job_id,
+            timeout_sec,
+            poll_interval_sec,
+            lambda: self.restore(
+                job_id,
+                group,
+                backend,
+                backend_config,
+                fencing_token=fencing_token,
+                timeout_sec=timeout_sec,
+            ),
+        )
+
+    async def _run_and_wait(
+        self,
+        kind: str,
+        job_id: str,
+        timeout_sec: float | None,
+        poll_interval_sec: float,
+        start: Callable[[], Awaitable[SnapshotResponse | RestoreResponse]],
+    ) -> GetOperationResponse:
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        operation_id = (await start()).operation_id
+        left = None if timeout_sec is None else max(0.0, timeout_sec - (loop.time() - started_at))
+        try:
+            response = await self.wait_for_operation(
+                operation_id, poll_interval_sec, timeout_sec=left
+            )
+        except DeadlineExceededError as error:
+            raise DeadlineExceededError(
+                f"the {kind} of job {job_id} (operation {operation_id})"
+                f" did not finish within {timeout_sec} s"
+            ) from error
+        if response.status == OPERATION_COMPLETE:
+            return response
+        reason = response.error or "no reason given"
+        if response.status != OPERATION_FAILED:
+            reason = f"it ended {response.status}"
+        raise OperationFailedError(
+            f"the {kind} of job {job_id} (operation {operation_id}) failed: {reason}",
+            operation_id=operation_id,
+            response=response,
+        )
+
+    def _connect(self) -> _Stubs:
+        if self._closed:
+            raise RuntimeError("the agent client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("the agent client belongs to another event loop; make one per loop")
+        if self._stubs is None:
+            target = self._target
+            self._stubs = _stubs(Channel(target.host, target.port, path=target.path))
+        return self._stubs
+
+    async def _read(
+        self, what: str, timeout_sec: float | None, send: Callable[[float], Awaitable[R]]
+    ) -> R:
+        """Sends a call that is safe to repeat, retrying while the agent is unreachable.
+
+        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``.
+        """
+        _check_timeout(timeout_sec)
+
+        def attempt(left: float | None) -> Awaitable[R]:
+            return send(self._call_timeout_sec if left is None else left)
+
+        return await call_with_retry(
+            attempt,
+            what=what,
+            budget_sec=timeout_sec,
+            reconnect_timeout_sec=self._reconnect_timeout_sec,
+        )
+
+    async def _send_once(self, what: str, send: Callable[[float], Awaitable[R]]) -> R:
+        """Sends a call that must not be repeated once the agent may have received it."""
+        channel = self._connect().channel
+
+        async def open_connection(left: float | None) -> None:
+            # Connecting apart from the call tells "the agent could not be
+            # reached" (nothing sent: safe to try again) from "the connection
+            # broke during the call" (the agent may have acted on it).
+            await asyncio.wait_for(channel.__connect__(), self._call_timeout_sec)
+
+        await call_with_retry(
+            open_connection,
+            what=what,
+            budget_sec=None,
+            reconnect_timeout_sec=self._reconnect_timeout_sec,
+        )
+        with map_errors(what):
+            return await send(self._call_timeout_sec)
+
+    async def _ask(
+        self, operation_id: str, wait_sec: float, budget_sec: float | None
+    ) -> GetOperationResponse:
+        """One GetOperation that the agent may hold for up to ``wait_sec``."""
+        stubs = self._connect()
+
+        def attempt(left: float | None) -> Awaitable[pb.GetOperationResponse]:
+            wait = wait_sec if left is None else min(wait_sec, max(0.0, left))
+            wait_ms = round(wait * 1000)
+            request = pb.GetOperationRequest(operation_id=operation_id, wait_ms=wait_ms or None)
+            if wait_ms:
+                timeout = wait + _WAIT_BACKSTOP_SEC
+            elif left is None:
+                timeout = self._call_timeout_sec
+            else:
+                timeout = max(left, _WAIT_BACKSTOP_SEC)
+            return stubs.agent.get_operation(request, timeout=timeout)
+
+        response = await call_with_retry(
+            attempt,
+            what=f"GetOperation({operation_id})",
+            budget_sec=budget_sec,
+            reconnect_timeout_sec=self._reconnect_timeout_sec,
+        )
+        return get_operation_response(response)
+
+
+class SnapshotAgentClient:
+    """Blocking client of a node's snapshot agent, with the v1alpha1 client's calls.
+
+    ``endpoint`` as for `AsyncSnapshotAgentClient` (None: the default,
+    127.0.0.1:9001). ``channel`` is kept in the signature for compatibility but
+    refused: a grpclib channel belongs to the event loop it was made on, and
+    this client runs its own. The keyword-only options are those of
+    `AsyncSnapshotAgentClient`; it raises the same exceptions. Usable from any
+    thread but that of its own loop; `close()` (or leaving a ``with`` block)
+    stops it.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        channel: object = None,
+        *,
+        call_timeout_sec: float = 10.0,
+        reconnect_timeout_sec: float = 30.0,
+    ) -> None:
+        if channel is not None:
+            raise InvalidArgumentError(
+                "SnapshotAgentClient makes its own connection: pass endpoint='host:port'"
+                " (or use AsyncSnapshotAgentClient(channel=...) on the channel's event loop)"
+            )
+        target = endpoint or DEFAULT_ENDPOINT
+        parse_target(target)  # a bad endpoint fails here, before a thread starts
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=_run_loop,
+            args=(self._loop, started),
+            name="timeslice-agent-client",
+            daemon=True,
+        )
+        self._thread.start()
+        started.wait()
+
+        async def create() -> AsyncSnapshotAgentClient:
+            return AsyncSnapshotAgentClient(
+                target,
+                call_timeout_sec=call_timeout_sec,
+                reconnect_timeout_sec=reconnect_timeout_sec,
+            )
+
+        try:
+            self._client = run_blocking(self._loop, create)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            raise
+        self._join_timeout_sec = call_timeout_sec
+        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._client)
+
+    @property
+    def endpoint(self) -> str:
+        """The agent's address."""
+        return self._client.endpoint
+
+    def __enter__(self) -> SnapshotAgentClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the connection and stops the client's thread. Idempotent."""
+        if not self._finalizer.alive:
+            return
+        self._finalizer()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self._join_timeout_sec)
+
+    def snapshot(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> SnapshotResponse:
+        """Starts a snapshot of the job; see `AsyncSnapshotAgentClient.snapshot`."""
+        call = partial(self._client.snapshot, job_id, group, backend, backend_config)
+        return self._run(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
+
+    def restore(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> RestoreResponse:
+        """Starts a restore of the job; see `AsyncSnapshotAgentClient.restore`."""
+        call = partial(self._client.restore, job_id, group, backend, backend_config)
+        return self._run(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
+
+    def get_operation(
+        self, operation_id: str, *, timeout_sec: float | None = None
+    ) -> GetOperationResponse:
+        """The operation's status now."""
+        return self._run(lambda: self._client.get_operation(operation_id, timeout_sec=timeout_sec))
+
+    def status(self, *, timeout_sec: float | None = None) -> StatusResponse:
+        """Every job on the node, and every accelerator's memory."""
+        return self._run(lambda: self._client.status(timeout_sec=timeout_sec))
+
+    def check_health(
+        self, service: str = "", *, timeout_sec: float | None = None
+    ) -> HealthResponse:
+        """The standard gRPC health check: of the agent, or of one ``service``."""
+        return self._run(lambda: self._client.check_health(service, timeout_sec=timeout_sec))
+
+    def reset_job(self, job_id: str, group: str = "") -> ResetJobResponse:
+        """Clears a FAULTED job's fault."""
+        return self._run(lambda: self._client.reset_job(job_id, group))
+
+    def wait_for_operation(
+        self,
+        operation_id: str,
+        poll_interval_sec: float = 1.0,
+        *,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Waits until the operation is COMPLETE or FAILED; see the async client."""
+        return self._run(
+            lambda: self._client.wait_for_operation(
+                operation_id, poll_interval_sec, timeout_sec=timeout_sec
+            )
+        )
+
+    def snapshot_and_wait(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        poll_interval_sec: float = 1.0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Snapshots the job and waits until it finishes; like the v1alpha1 client, a
+        FAILED operation is returned (`.status`, `.error`), not raised."""
+        call = partial(
+            self._client.snapshot_and_wait,
+            job_id,
+            group,
+            backend,
+            poll_interval_sec,
+            backend_config,
+        )
+        return self._finished(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
+
+    def restore_and_wait(
+        self,
+        job_id: str,
+        group: str = "",
+        backend: BackendLike = 0,
+        poll_interval_sec: float = 1.0,
+        backend_config: pb.BackendConfig | None = None,
+        *,
+        fencing_token: int = 0,
+        timeout_sec: float | None = None,
+    ) -> GetOperationResponse:
+        """Restores the job and waits until it finishes; like the v1alpha1 client, a
+        FAILED operation is returned, not raised."""
+        call = partial(
+            self._client.restore_and_wait, job_id, group, backend, poll_interval_sec, backend_config
+        )
+        return self._finished(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
+
+    def _finished(
+        self, factory: Callable[[], Awaitable[GetOperationResponse]]
+    ) -> GetOperationResponse:
+        try:
+            return self._run(factory)
+        except OperationFailedError as failed:
+            if failed.response is None:
+                raise
+            return failed.response
+
+    def _run(self, factory: Callable[[], Awaitable[R]]) -> R:
+        if not self._finalizer.alive:
+            raise RuntimeError("the agent client is closed")
+        return run_blocking(self._loop, factory)
+
+
+def _stubs(channel: Channel) -> _Stubs:
+    return _Stubs(channel, pb.SnapshotAgentServiceStub(channel), health_pb.HealthStub(channel))
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, client: AsyncSnapshotAgentClient) -> None:
+    """Closes the client on its loop, then stops the loop; returns at once, from any thread."""
+
+    def close_then_stop() -> None:
+        closing = loop.create_task(client.close())
+        closing.add_done_callback(lambda _: loop.stop())
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed already
+        loop.call_soon_threadsafe(close_then_stop)
+
+
+def _check_timeout(timeout_sec: float | None) -> None:
+    if timeout_sec is not None and not timeout_sec >= 0:
+        raise InvalidArgumentError(f"timeout_sec must not be negative: {timeout_sec}")

@@ -14,8 +14,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -24,7 +23,7 @@ from timeslice.agent import state as st
 from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
 from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
-from timeslice.api.serving import GrpcServer
+from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.orchestrator.state import check_id
 from timeslice.backends import (
     AcceleratorMemory,
@@ -106,8 +105,7 @@ class Agent:
         self._reconciling: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._done: dict[str, asyncio.Event] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._in_flight = 0
-        self._drained = asyncio.Event()
+        self.gate = CallGate("the agent", self.config.max_message_bytes)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -121,10 +119,6 @@ class Agent:
     @property
     def serving(self) -> bool:
         return self._state == "serving"
-
-    @property
-    def max_message_bytes(self) -> int:
-        return self.config.max_message_bytes
 
     async def start(self) -> None:
         """Load the job table, the backends, reconcile, and serve. Idempotent; cleans
@@ -140,6 +134,7 @@ class Agent:
             self._state = "serving"
             await self._apply(st.Recover(time.time()))
             await self._listen()
+            self.gate.open = True
         except BaseException:
             await self._shutdown()
             raise
@@ -153,12 +148,7 @@ class Agent:
         self.channels.close_all("the agent is shutting down")
         for event in self._done.values():
             event.set()
-        if self._in_flight:
-            self._drained.clear()
-            try:
-                await asyncio.wait_for(self._drained.wait(), self.config.drain_timeout)
-            except TimeoutError:
-                log.warning("closing with %d call(s) still in flight", self._in_flight)
+        await self.gate.close(self.config.drain_timeout)
         await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -338,19 +328,6 @@ class Agent:
         raise ConflictError(f"backend {name} is disabled on this agent")
 
     # --- what the service calls -------------------------------------------------------
-
-    @asynccontextmanager
-    async def call(self) -> AsyncIterator[None]:
-        """Account for one call in flight; refuse it unless serving."""
-        if self._state != "serving":
-            raise UnavailableError("the agent is not serving")
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._drained.set()
 
     async def start_operation(
         self,

@@ -45,7 +45,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         self.agent = agent
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return edge_mapping(super().__mapping__(), self, self.agent)
+        return edge_mapping(super().__mapping__(), self, self.agent.gate)
 
     async def snapshot(self, message: pb.SnapshotRequest) -> pb.SnapshotResponse:
         op_id = await self._start(st.SNAPSHOT, message)
@@ -226,7 +226,7 @@ class HealthService(health.HealthBase):
         self.agent = agent
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return edge_mapping(super().__mapping__(), self, self.agent)
+        return edge_mapping(super().__mapping__(), self, self.agent.gate)
 
     def _status(self, service: str) -> health.HealthCheckResponseServingStatus:
         if service not in ("", SERVICE_NAME) and service not in self.agent.backends:

@@ -4,22 +4,23 @@
   before the body is read, and parsed strictly (`decode_strict`).
 - Domain errors become gRPC statuses here and nowhere else; anything
   unexpected is logged and answered INTERNAL.
-- Each call is counted by its server (`Gate.call`), so that closing can refuse
-  new calls and drain those in flight.
+- Each call passes its server's `CallGate`, so that closing can refuse new calls
+  and drain those in flight.
 - The server closes the connections it accepted when it closes, and listens on
   a socket with Nagle off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import keyword
 import logging
 import re
 import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from contextlib import asynccontextmanager
+from typing import Any
 
 import grpclib.const
 import grpclib.server
@@ -29,7 +30,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 
 from timeslice.api.wire import decode_strict
-from timeslice.errors import TimeSliceError, to_grpc_error
+from timeslice.errors import TimeSliceError, UnavailableError, to_grpc_error
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +39,43 @@ log = logging.getLogger(__name__)
 STREAM_WINDOW_BYTES = 256 * 1024
 
 
-class Gate(Protocol):
-    """The server side of each call: admission and the message size limit."""
+class CallGate:
+    """Admits a server's calls while it serves, counts those in flight, and lets the
+    server wait for them when it closes."""
 
-    @property
-    def max_message_bytes(self) -> int:
-        """The largest message accepted."""
+    def __init__(self, what: str, max_message_bytes: int) -> None:
+        self.what = what
+        self.max_message_bytes = max_message_bytes
+        self.open = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
-    def call(self) -> AbstractAsyncContextManager[None]:
-        """Count one call in flight; raise `UnavailableError` when not serving."""
+    @asynccontextmanager
+    async def call(self) -> AsyncIterator[None]:
+        """Count one call in flight; refuse it (UNAVAILABLE) unless open."""
+        if not self.open:
+            raise UnavailableError(f"{self.what} is not serving")
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def close(self, timeout: float) -> None:
+        """Refuse new calls; wait up to `timeout` seconds for those in flight."""
+        self.open = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("%s closes with %d call(s) in flight", self.what, self._in_flight)
 
 
 def edge_mapping(
-    generated: dict[str, grpclib.const.Handler], service: Any, gate: Gate
+    generated: dict[str, grpclib.const.Handler], service: Any, gate: CallGate
 ) -> dict[str, grpclib.const.Handler]:
     """The generated routes (`super().__mapping__()` of a servicer), each handled by
     the servicer's method of the same name, with bounded strict reads and error
@@ -72,7 +97,7 @@ def _method_name(route: str) -> str:
 
 
 def _handler(
-    service: Any, gate: Gate, name: str, cardinality: Cardinality
+    service: Any, gate: CallGate, name: str, cardinality: Cardinality
 ) -> Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]:
     method = getattr(service, name)
 

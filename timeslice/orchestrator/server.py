@@ -17,14 +17,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
 
-from timeslice.api.serving import GrpcServer
+from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.errors import (
     CancelledError,
     ConflictError,
@@ -107,8 +106,7 @@ class Orchestrator:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
-        self._in_flight = 0
-        self._drained = asyncio.Event()
+        self.gate = CallGate("the orchestrator", self.config.max_message_bytes)
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
         #: Why the orchestrator stopped on its own (a journal write failed), if it did.
@@ -138,6 +136,7 @@ class Orchestrator:
             await self._shutdown()
             raise
         self._state = "serving"
+        self.gate.open = True
 
     async def close(self) -> None:
         """Stop serving: refuse new calls, let those in flight finish (blocked
@@ -150,12 +149,7 @@ class Orchestrator:
             if not fut.done():
                 fut.set_exception(UnavailableError("the orchestrator is shutting down; retry"))
         self._end_watches()
-        if self._in_flight:
-            self._drained.clear()
-            try:
-                await asyncio.wait_for(self._drained.wait(), self.config.drain_timeout)
-            except TimeoutError:
-                log.warning("closing with %d call(s) still in flight", self._in_flight)
+        await self.gate.close(self.config.drain_timeout)
         await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -366,24 +360,6 @@ class Orchestrator:
                     queue.put_nowait(None)
 
     # --- what the service calls -------------------------------------------------------
-
-    @property
-    def max_message_bytes(self) -> int:
-        """The largest request accepted."""
-        return self.config.max_message_bytes
-
-    @asynccontextmanager
-    async def call(self) -> AsyncIterator[None]:
-        """Account for one call in flight; refuse it once closing."""
-        if self._state != "serving":
-            raise UnavailableError("the orchestrator is not serving")
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._drained.set()
 
     async def acquire(
         self,

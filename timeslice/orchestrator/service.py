@@ -149,7 +149,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return edge_mapping(super().__mapping__(), self, self.orch)
+        return edge_mapping(super().__mapping__(), self, self.orch.gate)
 
 
 def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:

@@ -836,7 +836,7 @@ def test_the_blocking_client_refuses_a_channel_and_bad_endpoints() -> None:
 def test_the_blocking_client_stops_its_thread() -> None:
     client = SnapshotAgentClient()
     assert client.endpoint == DEFAULT_ENDPOINT
-    thread = client._thread
+    thread = client._runner.thread
     assert thread.is_alive() and thread.daemon
     client.close()
     client.close()

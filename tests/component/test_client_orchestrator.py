@@ -968,7 +968,7 @@ async def test_the_blocking_client_watches(fake: FakeOrchestrator, address: str)
 
 def test_the_blocking_client_stops_its_thread() -> None:
     client = TimeSliceOrchestratorClient("127.0.0.1:1")
-    thread = client._thread
+    thread = client._runner.thread
     assert thread.is_alive() and thread.daemon
     client.close()
     client.close()

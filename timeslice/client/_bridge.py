@@ -10,6 +10,8 @@ any loop. `OnAccelerators` builds on both, so one object serves `with`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -31,6 +33,60 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _call(factory: Callable[[], Awaitable[T]]) -> T:
     return await factory()
+
+
+class LoopThread:
+    """An event loop of its own on a daemon thread, for a blocking facade over an
+    async client: calls are sent to it with `run`, and it keeps running (lease
+    renewals, a workload channel) while the caller's thread computes."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(started,), name=name, daemon=True)
+        self.thread.start()
+        started.wait()
+
+    def _serve(self, started: threading.Event) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                tasks = asyncio.all_tasks(loop)
+                for task in tasks:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    def run(self, factory: Callable[[], Awaitable[T]]) -> T:
+        """Run `factory()` on the loop and wait here for its result."""
+        return run_blocking(self.loop, factory)
+
+    def stop(self, closing: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Run `closing()` on the loop (if given), then stop the loop. Returns at once,
+        from any thread; safe to call twice. Does not hold a reference to the facade,
+        so it can be its `weakref.finalize` callback."""
+        loop = self.loop
+
+        def close_then_stop() -> None:
+            if closing is None:
+                loop.stop()
+                return
+            task = loop.create_task(_call(closing))
+            task.add_done_callback(lambda _: loop.stop())
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            loop.call_soon_threadsafe(close_then_stop)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (not from the loop's own thread)."""
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
 
 
 def run_blocking(loop: asyncio.AbstractEventLoop | None, factory: Callable[[], Awaitable[T]]) -> T:

@@ -7,15 +7,12 @@ computes, and it raises the same exceptions the async client raises.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from timeslice.client._bridge import OnAccelerators, run_blocking
+from timeslice.client._bridge import LoopThread, OnAccelerators, run_blocking
 from timeslice.client._leases import LeaseLostCallback
 from timeslice.client._transport import parse_target
 from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestratorClient
@@ -57,16 +54,8 @@ class TimeSliceOrchestratorClient:
         on_lease_lost: LeaseLostCallback | None = None,
     ) -> None:
         parse_target(target)  # a bad target fails here, before a thread starts
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self._thread = threading.Thread(
-            target=_run_loop,
-            args=(self._loop, started),
-            name="timeslice-orchestrator-client",
-            daemon=True,
-        )
-        self._thread.start()
-        started.wait()
+        self._runner = LoopThread("timeslice-orchestrator-client")
+        self._loop = self._runner.loop
 
         async def create() -> AsyncTimeSliceOrchestratorClient:
             return AsyncTimeSliceOrchestratorClient(
@@ -80,13 +69,13 @@ class TimeSliceOrchestratorClient:
             )
 
         try:
-            self._client = run_blocking(self._loop, create)
+            self._client = self._runner.run(create)
         except BaseException:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
+            self._runner.stop()
+            self._runner.join()
             raise
         self._join_timeout_sec = call_timeout_sec
-        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._client)
+        self._finalizer = weakref.finalize(self, self._runner.stop, self._client.close)
 
     @property
     def target(self) -> str:
@@ -127,8 +116,7 @@ class TimeSliceOrchestratorClient:
         if not self._finalizer.alive:
             return
         self._finalizer()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(self._join_timeout_sec)
+        self._runner.join(self._join_timeout_sec)
 
     def acquire(
         self,
@@ -213,30 +201,3 @@ class TimeSliceOrchestratorClient:
         if not self._finalizer.alive:
             raise RuntimeError("the orchestrator client is closed")
         return run_blocking(self._loop, factory)
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
-    asyncio.set_event_loop(loop)
-    loop.call_soon(started.set)
-    try:
-        loop.run_forever()
-    finally:
-        try:
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
-
-
-def _shut_down(loop: asyncio.AbstractEventLoop, client: AsyncTimeSliceOrchestratorClient) -> None:
-    """Closes the client on its loop, then stops the loop; returns at once, from any thread."""
-
-    def close_then_stop() -> None:
-        closing = loop.create_task(client.close())
-        closing.add_done_callback(lambda _: loop.stop())
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed already
-        loop.call_soon_threadsafe(close_then_stop)

@@ -14,8 +14,6 @@ and the health check are retried while the agent cannot be reached.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,8 +25,7 @@ from grpclib.client import Channel
 
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
-from timeslice.client._bridge import run_blocking
-from timeslice.client._sync import _run_loop
+from timeslice.client._bridge import LoopThread
 from timeslice.client._transport import call_with_retry, map_errors, parse_target
 from timeslice.client.agent_types import (
     OPERATION_COMPLETE,
@@ -473,16 +470,7 @@ class SnapshotAgentClient:
             )
         target = endpoint or DEFAULT_ENDPOINT
         parse_target(target)  # a bad endpoint fails here, before a thread starts
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self._thread = threading.Thread(
-            target=_run_loop,
-            args=(self._loop, started),
-            name="timeslice-agent-client",
-            daemon=True,
-        )
-        self._thread.start()
-        started.wait()
+        self._runner = LoopThread("timeslice-agent-client")
 
         async def create() -> AsyncSnapshotAgentClient:
             return AsyncSnapshotAgentClient(
@@ -492,13 +480,13 @@ class SnapshotAgentClient:
             )
 
         try:
-            self._client = run_blocking(self._loop, create)
+            self._client = self._runner.run(create)
         except BaseException:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
+            self._runner.stop()
+            self._runner.join()
             raise
         self._join_timeout_sec = call_timeout_sec
-        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._client)
+        self._finalizer = weakref.finalize(self, self._runner.stop, self._client.close)
 
     @property
     def endpoint(self) -> str:
@@ -521,8 +509,7 @@ class SnapshotAgentClient:
         if not self._finalizer.alive:
             return
         self._finalizer()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(self._join_timeout_sec)
+        self._runner.join(self._join_timeout_sec)
 
     def snapshot(
         self,
@@ -640,22 +627,11 @@ class SnapshotAgentClient:
     def _run(self, factory: Callable[[], Awaitable[R]]) -> R:
         if not self._finalizer.alive:
             raise RuntimeError("the agent client is closed")
-        return run_blocking(self._loop, factory)
+        return self._runner.run(factory)
 
 
 def _stubs(channel: Channel) -> _Stubs:
     return _Stubs(channel, pb.SnapshotAgentServiceStub(channel), health_pb.HealthStub(channel))
-
-
-def _shut_down(loop: asyncio.AbstractEventLoop, client: AsyncSnapshotAgentClient) -> None:
-    """Closes the client on its loop, then stops the loop; returns at once, from any thread."""
-
-    def close_then_stop() -> None:
-        closing = loop.create_task(client.close())
-        closing.add_done_callback(lambda _: loop.stop())
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed already
-        loop.call_soon_threadsafe(close_then_stop)
 
 
 def _check_timeout(timeout_sec: float | None) -> None:

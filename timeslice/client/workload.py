@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -36,8 +35,8 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.client._bridge import run_blocking
 from timeslice.client._transport import parse_target
+from timeslice.client._bridge import LoopThread
 from timeslice.client.adapters import (
     Capabilities,
     RestoreCallback,
@@ -529,32 +528,14 @@ class WorkloadHandle:
 
     def __init__(self, registration: WorkloadRegistration) -> None:
         self._registration = registration
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._run_loop, name=f"timeslice-workload-{registration.job_id}", daemon=True
-        )
+        self._runner = LoopThread(f"timeslice-workload-{registration.job_id}")
         self._closed = False
-        started = threading.Event()
-        self._loop.call_soon(started.set)
-        self._thread.start()
-        started.wait()
         try:
-            run_blocking(self._loop, registration.start)
+            self._runner.run(registration.start)
         except BaseException:
-            self._stop_loop()
+            self._runner.stop()
+            self._runner.join()
             raise
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
 
     @property
     def registration(self) -> WorkloadRegistration:
@@ -582,9 +563,10 @@ class WorkloadHandle:
             return
         self._closed = True
         try:
-            run_blocking(self._loop, self._registration.close)
+            self._runner.run(self._registration.close)
         finally:
-            self._stop_loop()
+            self._runner.stop()
+            self._runner.join()
 
     def __enter__(self) -> WorkloadHandle:
         return self

@@ -30,6 +30,16 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
 
 
+def _parse_nodes(values: list[str]) -> dict[str, tuple[str, ...]]:
+    nodes: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        group, sep, addresses = value.partition("=")
+        if not sep or not group or not addresses:
+            raise typer.BadParameter(f"expected GROUP=HOST:PORT[,HOST:PORT...], got {value!r}")
+        nodes[group] = tuple(a.strip() for a in addresses.split(",") if a.strip())
+    return nodes
+
+
 def _parse_limits(values: list[str]) -> dict[str, float | None]:
     limits: dict[str, float | None] = {}
     for value in values:
@@ -61,6 +71,12 @@ def serve_orchestrator(
     recovery_grace: Annotated[
         float, typer.Option(help="After a restart, seconds that queued jobs have to come back.")
     ] = 30.0,
+    group_nodes: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="GROUP=HOST:PORT[,HOST:PORT...]: the agents of a group's nodes; repeatable."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
@@ -77,6 +93,7 @@ def serve_orchestrator(
             hold_limit=hold_limit,
             hold_limits=_parse_limits(group_hold_limit or []),
             recovery_grace=recovery_grace,
+            group_nodes=_parse_nodes(group_nodes or []),
         )
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None

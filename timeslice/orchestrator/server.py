@@ -35,8 +35,10 @@ from timeslice.errors import (
 )
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
+from timeslice.client._transport import parse_target
+from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.journal import Journal, open_journal
-from timeslice.orchestrator.state import Group, LockTable
+from timeslice.orchestrator.state import Group, LockTable, check_id
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class OrchestratorConfig:
     # The longest any holder may keep a group (None: no limit), and per-group limits.
     hold_limit: float | None = None
     hold_limits: Mapping[str, float | None] = field(default_factory=dict)
+    # The agents (HOST:PORT) of the nodes each group spans; GetGroupStatus reports
+    # what they say of the group's jobs.
+    group_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # After a start, how long queued jobs and unclaimed grants wait for their client.
     recovery_grace: float = 30.0
     # A snapshot of the table every this many journaled events.
@@ -72,6 +77,10 @@ class OrchestratorConfig:
             raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
         if self.max_message_bytes < 1024:
             raise InvalidArgumentError("max_message_bytes must be at least 1 KiB")
+        for group, nodes in self.group_nodes.items():
+            check_id("group_id", group)
+            for address in nodes:
+                parse_target(address)
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ class Orchestrator:
         self._timer_at: float | None = None
         self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
         self.gate = CallGate("the orchestrator", self.config.max_message_bytes)
+        self.agents = AgentDirectory()
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
         #: Why the orchestrator stopped on its own (a journal write failed), if it did.
@@ -161,6 +171,7 @@ class Orchestrator:
             self._timer.cancel()
         if self._server is not None:
             await self._server.stop()
+        await self.agents.close()
         if self._journal is not None:
             await self._journal.close()
         self._stopped.set()

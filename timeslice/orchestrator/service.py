@@ -72,7 +72,20 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         self, message: pb.GetGroupStatusRequest
     ) -> pb.GetGroupStatusResponse:
         check_id("group_id", message.group_id)
-        return pb.GetGroupStatusResponse(group=self._status(self.orch.group(message.group_id)))
+        status = self._status(self.orch.group(message.group_id))
+        nodes = self.orch.config.group_nodes.get(message.group_id, ())
+        if not nodes:
+            return pb.GetGroupStatusResponse(group=status)
+        views, everyone = await self.orch.agents.job_states(message.group_id, nodes)
+        if not everyone:
+            status.group_state = pb.GroupStatusState.UNKNOWN
+        states = [
+            pb.SnapshotAgentJobState(
+                agent=v.agent, job_state=pb.SnapshotAgentJobStateState[v.state], job_id=v.job
+            )
+            for v in views
+        ]
+        return pb.GetGroupStatusResponse(group=status, agent_job_states=states)
 
     async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
         renewed = await self.orch.keep_alive(message.group_id, message.job_id, message.lease_id)

@@ -399,7 +399,9 @@ async def test_an_acquire_the_server_never_answers_ends_a_second_after_its_limit
 async def test_an_acquire_without_limit_outlasts_the_call_timeout(
     fake: FakeOrchestrator, make_client: ClientFactory
 ) -> None:
-    a, b = make_client("a", call_timeout_sec=0.1), make_client("b", call_timeout_sec=0.1)
+    # Only the waiter has the short call timeout: its acquire must outlast it. (A short
+    # one on the holder too would make its release fail on a busy machine.)
+    a, b = make_client("a"), make_client("b", call_timeout_sec=0.1)
     await a.acquire()
     waiting = asyncio.create_task(b.acquire())
     await asyncio.sleep(0.3)

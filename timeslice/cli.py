@@ -30,6 +30,16 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
 
 
+def _parse_pairs(values: list[str], form: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key or not item:
+            raise typer.BadParameter(f"expected {form}, got {value!r}")
+        pairs[key] = item
+    return pairs
+
+
 def _parse_nodes(values: list[str]) -> dict[str, tuple[str, ...]]:
     nodes: dict[str, tuple[str, ...]] = {}
     for value in values:
@@ -71,6 +81,15 @@ def serve_orchestrator(
     recovery_grace: Annotated[
         float, typer.Option(help="After a restart, seconds that queued jobs have to come back.")
     ] = 30.0,
+    policy: Annotated[
+        str, typer.Option(help="How groups pick their next holder: fifo, lrs or priority.")
+    ] = "fifo",
+    group_policy: Annotated[
+        list[str] | None, typer.Option(help="GROUP=POLICY for one group; repeatable.")
+    ] = None,
+    priority_aging: Annotated[
+        float, typer.Option(help="Under the priority policy, seconds waited that add one.")
+    ] = 60.0,
     group_nodes: Annotated[
         list[str] | None,
         typer.Option(
@@ -94,6 +113,9 @@ def serve_orchestrator(
             hold_limits=_parse_limits(group_hold_limit or []),
             recovery_grace=recovery_grace,
             group_nodes=_parse_nodes(group_nodes or []),
+            policy=policy,
+            policies=_parse_pairs(group_policy or [], "GROUP=POLICY"),
+            priority_aging=priority_aging,
         )
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None

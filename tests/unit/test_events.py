@@ -14,6 +14,7 @@ from timeslice.orchestrator.state import LockTable
 # Every event type, with every optional field set away from its default.
 EVENTS: list[ev.Event] = [
     ev.Acquire(1.5, "g", "job", "0.1", "req-1", lease_ttl=30.0, wait_deadline=9.25),
+    ev.Acquire(1.5, "g", "job", "0.2", priority=-3),
     ev.Acquire(0.0, "g", "job", "0.2"),
     ev.Yield(2.0, "g", "job", "req-2", token=7),
     ev.Yield(2.0, "g", "job"),
@@ -26,6 +27,8 @@ EVENTS: list[ev.Event] = [
     ev.ForceRelease(6.0, "g"),
     ev.SetHoldLimit(7.0, "", 60.0),
     ev.SetHoldLimit(7.0, "g", None),
+    ev.SetPolicy(7.5, "", "lrs"),
+    ev.SetPolicy(7.5, "g", "priority", aging=2.5),
     ev.Recover(8.0, 15.0),
     ev.Acquire(9.0, "gröup ✓", "jöb", "1.1", "ré"),
 ]
@@ -115,3 +118,9 @@ def test_a_table_fed_round_tripped_events_ends_where_the_original_did() -> None:
     assert replayed.to_dict() == original.to_dict()
     assert replayed.groups["g"].token == 3  # a, b, then a again
     assert replayed.groups["g"].holder is None and replayed.epoch == 1
+
+
+def test_an_acquire_journaled_before_priorities_existed_reads_as_priority_0() -> None:
+    data = ev.event_to_dict(ev.Acquire(1.0, "g", "job", "0.1"))
+    del data["priority"]
+    assert ev.event_from_dict(data) == ev.Acquire(1.0, "g", "job", "0.1", priority=0)

@@ -838,3 +838,75 @@ def test_replay_differs_only_in_expiries_moved_by_keep_alive() -> None:
     assert current["groups"][0]["holder"]["expires_at"] == 15.0
     replayed["groups"][0]["holder"]["expires_at"] = 15.0
     assert replayed == current
+
+
+# --- policies -------------------------------------------------------------------------
+
+
+def test_fifo_is_the_default_policy(t: Harness) -> None:
+    assert t.table.policy("g") == (ev.POLICY_FIFO, 60.0)
+    t.acquire("a", now=0)
+    t.acquire("b", now=1, priority=1)
+    t.acquire("c", now=2, priority=9)
+    [_, g] = t.yield_("a", now=3)
+    assert g.job == "b"
+
+
+def test_least_recently_served_goes_first(t: Harness) -> None:
+    t.handle(ev.SetPolicy(0, "g", ev.POLICY_LRS))
+    for i, job in enumerate(["a", "b", "a"]):  # a served at 0 and 20, b at 10
+        t.acquire(job, now=i * 10.0)
+        t.yield_(job, now=i * 10.0 + 1)
+    t.acquire("x", now=30)
+    t.acquire("a", now=31)
+    t.acquire("b", now=32)
+    t.acquire("new", now=33)
+    granted = [t.yield_(job, now=40 + i)[1] for i, job in enumerate(["x", "new", "b"])]
+    # never served first, then b (served at 10) before a (served at 20)
+    assert [g.job for g in granted] == ["new", "b", "a"]
+
+
+def test_priority_serves_the_highest_first_and_ties_in_queue_order(t: Harness) -> None:
+    t.handle(ev.SetPolicy(0, "g", ev.POLICY_PRIORITY, aging=1000.0))
+    t.acquire("holder", now=0)
+    t.acquire("low", now=1, priority=1)
+    t.acquire("high", now=2, priority=5)
+    t.acquire("high2", now=3, priority=5)
+    order = []
+    holder = "holder"
+    for i in range(3):
+        [_, g] = t.yield_(holder, now=4 + i)
+        order.append(g.job)
+        holder = g.job
+    assert order == ["high", "high2", "low"]
+
+
+def test_priority_ages_so_that_no_waiter_starves(t: Harness) -> None:
+    t.handle(ev.SetPolicy(0, "g", ev.POLICY_PRIORITY, aging=10.0))
+    t.acquire("j0", now=0, priority=5)
+    t.acquire("low", now=0, priority=0)
+    holder, now = "j0", 0.0
+    for i in range(1, 100):
+        # a newcomer of priority 5 arrives before every handoff
+        t.acquire(f"j{i}", now=now, priority=5)
+        now += 1.0
+        [_, g] = t.yield_(holder, now=now)
+        holder = g.job
+        if holder == "low":
+            break
+    # "low" outranks a fresh 5 once it has waited more than 50 s (aging 10 s a point)
+    assert holder == "low" and 50.0 < now <= 52.0
+
+
+def test_policies_are_validated_and_survive_a_round_trip(t: Harness) -> None:
+    t.refuse(ev.SetPolicy(0, "g", "random"), InvalidArgumentError)
+    t.refuse(ev.SetPolicy(0, "g", ev.POLICY_PRIORITY, aging=0.0), InvalidArgumentError)
+    t.handle(ev.SetPolicy(0, "", ev.POLICY_LRS))
+    t.handle(ev.SetPolicy(0, "g", ev.POLICY_PRIORITY, aging=5.0))
+    t.acquire("a", now=1)
+    t.yield_("a", now=2)
+    again = LockTable.from_dict(json.loads(json.dumps(t.table.to_dict())))
+    assert again.to_dict() == t.table.to_dict()
+    assert again.policy("g") == (ev.POLICY_PRIORITY, 5.0)
+    assert again.policy("other") == (ev.POLICY_LRS, 60.0)
+    assert again.groups["g"].last_served == {"a": 1.0}

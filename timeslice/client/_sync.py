@@ -52,6 +52,7 @@ class TimeSliceOrchestratorClient:
         call_timeout_sec: float = 10.0,
         reconnect_timeout_sec: float = 30.0,
         on_lease_lost: LeaseLostCallback | None = None,
+        priority: int = 0,
     ) -> None:
         parse_target(target)  # a bad target fails here, before a thread starts
         self._runner = LoopThread("timeslice-orchestrator-client")
@@ -66,6 +67,7 @@ class TimeSliceOrchestratorClient:
                 call_timeout_sec=call_timeout_sec,
                 reconnect_timeout_sec=reconnect_timeout_sec,
                 on_lease_lost=on_lease_lost,
+                priority=priority,
             )
 
         try:

@@ -61,7 +61,8 @@ class AsyncTimeSliceOrchestratorClient:
     server cannot be reached. ``channel`` replaces the connection to
     ``target`` (and is not closed by the client). ``on_lease_lost(group_id,
     job_id, error)`` is called, on the client's event loop, when a held lease
-    is lost; it may be a coroutine function.
+    is lost; it may be a coroutine function. ``priority`` goes with every
+    Acquire: higher is served first in groups under the priority policy.
 
     The client belongs to the event loop it is made or first used on. `close()` stops
     the renewals and the connection; it does not release held locks.
@@ -78,6 +79,7 @@ class AsyncTimeSliceOrchestratorClient:
         reconnect_timeout_sec: float = 30.0,
         channel: Channel | None = None,
         on_lease_lost: LeaseLostCallback | None = None,
+        priority: int = 0,
     ) -> None:
         self._target = parse_target(target)
         if lease_ttl_sec is not None and not lease_ttl_sec > 0:
@@ -92,6 +94,7 @@ class AsyncTimeSliceOrchestratorClient:
         self.job_id = job_id
         self.group_id = group_id
         self._lease_ttl_ms = None if lease_ttl_sec is None else max(1, round(lease_ttl_sec * 1000))
+        self._priority = priority
         self._call_timeout_sec = call_timeout_sec
         self._reconnect_timeout_sec = reconnect_timeout_sec
         self._channel = channel
@@ -331,6 +334,7 @@ class AsyncTimeSliceOrchestratorClient:
                 request_id=request_id,
                 lease_ttl_ms=self._lease_ttl_ms,
                 wait_timeout_ms=None if left is None else max(0, round(left * 1000)),
+                priority=self._priority,
             )
             timeout = None if left is None else max(left, 0.0) + _ACQUIRE_BACKSTOP_SEC
             return stub.acquire(request, timeout=timeout)

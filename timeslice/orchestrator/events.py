@@ -29,6 +29,7 @@ class Acquire:
     request_id: str = ""
     lease_ttl: float | None = None  # seconds; None: no expiry by silence
     wait_deadline: float | None = None  # absolute; None: wait without limit
+    priority: int = 0  # higher is served first, under the priority policy
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,19 @@ class SetHoldLimit:
 
 
 @dataclass(frozen=True)
+class SetPolicy:
+    """Configures how `group` picks its next holder among its waiters ("" group: the
+    default for every group): "fifo", "lrs" (least recently served first) or
+    "priority" (highest first; every `aging` seconds waited adds one, so that no
+    waiter starves)."""
+
+    now: float
+    group: str
+    policy: str
+    aging: float = 60.0
+
+
+@dataclass(frozen=True)
 class Recover:
     """The orchestrator started on this journal: a new epoch. Holders get a fresh
     lease; queued jobs and unclaimed grants must be claimed again within `grace`."""
@@ -104,11 +118,31 @@ class Recover:
     grace: float
 
 
-Event = Acquire | Yield | KeepAlive | DropWaiter | Revoke | ForceRelease | SetHoldLimit | Recover
+Event = (
+    Acquire
+    | Yield
+    | KeepAlive
+    | DropWaiter
+    | Revoke
+    | ForceRelease
+    | SetHoldLimit
+    | SetPolicy
+    | Recover
+)
 
 EVENT_TYPES: Final[dict[str, type[Any]]] = {
     cls.__name__: cls
-    for cls in (Acquire, Yield, KeepAlive, DropWaiter, Revoke, ForceRelease, SetHoldLimit, Recover)
+    for cls in (
+        Acquire,
+        Yield,
+        KeepAlive,
+        DropWaiter,
+        Revoke,
+        ForceRelease,
+        SetHoldLimit,
+        SetPolicy,
+        Recover,
+    )
 }
 
 
@@ -229,3 +263,9 @@ REASON_LEASE_EXPIRED: Final = "lease expired"
 REASON_HOLD_LIMIT: Final = "hold limit reached"
 REASON_NOT_DELIVERED: Final = "grant not delivered"
 REASON_OPERATOR: Final = "released by operator"
+
+# How a group picks its next holder.
+POLICY_FIFO: Final = "fifo"
+POLICY_LRS: Final = "lrs"
+POLICY_PRIORITY: Final = "priority"
+POLICIES: Final = (POLICY_FIFO, POLICY_LRS, POLICY_PRIORITY)

@@ -56,6 +56,11 @@ class OrchestratorConfig:
     # The longest any holder may keep a group (None: no limit), and per-group limits.
     hold_limit: float | None = None
     hold_limits: Mapping[str, float | None] = field(default_factory=dict)
+    # How each group picks its next holder: "fifo", "lrs" (least recently served)
+    # or "priority" (with aging: every `priority_aging` seconds waited adds one).
+    policy: str = "fifo"
+    policies: Mapping[str, str] = field(default_factory=dict)
+    priority_aging: float = 60.0
     # The agents (HOST:PORT) of the nodes each group spans; GetGroupStatus reports
     # what they say of the group's jobs.
     group_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -77,6 +82,13 @@ class OrchestratorConfig:
             raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
         if self.max_message_bytes < 1024:
             raise InvalidArgumentError("max_message_bytes must be at least 1 KiB")
+        for name in [self.policy, *self.policies.values()]:
+            if name not in ev.POLICIES:
+                raise InvalidArgumentError(
+                    f"unknown policy {name!r}; expected one of {', '.join(ev.POLICIES)}"
+                )
+        if not self.priority_aging > 0:
+            raise InvalidArgumentError("priority_aging must be positive")
         for group, nodes in self.group_nodes.items():
             check_id("group_id", group)
             for address in nodes:
@@ -216,6 +228,10 @@ class Orchestrator:
         for group, limit in wanted.items():
             if self.table.hold_limits.get(group) != limit:
                 self._apply(ev.SetHoldLimit(now, group, limit))
+        policies = {"": self.config.policy, **self.config.policies}
+        for group, policy in policies.items():
+            if self.table.policies.get(group) != (policy, self.config.priority_aging):
+                self._apply(ev.SetPolicy(now, group, policy, self.config.priority_aging))
         await self._apply(ev.Recover(now, self.config.recovery_grace))
 
     async def _listen(self) -> None:
@@ -380,6 +396,7 @@ class Orchestrator:
         request_id: str = "",
         lease_ttl: float | None = None,
         wait_timeout: float | None = None,
+        priority: int = 0,
     ) -> ev.Granted:
         """Wait until `job` holds `group`."""
         if wait_timeout is not None and wait_timeout < 0:
@@ -391,7 +408,9 @@ class Orchestrator:
         deadline = now + wait_timeout if wait_timeout is not None else None
         try:
             await asyncio.shield(
-                self._apply(ev.Acquire(now, group, job, call_id, request_id, lease_ttl, deadline))
+                self._apply(
+                    ev.Acquire(now, group, job, call_id, request_id, lease_ttl, deadline, priority)
+                )
             )
             return await granted
         except asyncio.CancelledError:

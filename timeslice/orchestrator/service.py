@@ -42,6 +42,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             request_id=message.request_id,
             lease_ttl=_seconds("lease_ttl_ms", message.lease_ttl_ms, positive=True),
             wait_timeout=_seconds("wait_timeout_ms", message.wait_timeout_ms, positive=False),
+            priority=message.priority,
         )
         return pb.AcquireResponse(
             success=True,

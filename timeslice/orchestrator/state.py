@@ -100,6 +100,7 @@ class Waiter:
     lease_ttl: float | None
     wait_deadline: float | None
     reclaim_deadline: float | None
+    priority: int = 0
 
 
 @dataclass
@@ -113,6 +114,8 @@ class Group:
     queue: OrderedDict[str, Waiter] = field(default_factory=OrderedDict)
     active_job: str = ""
     loaded_job: str = ""
+    # When each job was last granted the group: what least-recently-served goes by.
+    last_served: dict[str, float] = field(default_factory=dict)
 
     @property
     def state(self) -> GroupState:
@@ -142,6 +145,8 @@ class LockTable:
         self.epoch = 0
         # Hold limit per group name; the "" entry is the default for every group.
         self.hold_limits: dict[str, float | None] = {}
+        # (policy, aging) per group name, likewise; FIFO when none is set.
+        self.policies: dict[str, tuple[str, float]] = {}
         self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
         # (deadline, group, key): a lazy heap; stale entries are skipped when met.
         self._timers: list[tuple[float, str, str]] = []
@@ -166,6 +171,8 @@ class LockTable:
                 return self._force_release(event)
             case ev.SetHoldLimit():
                 return self._set_hold_limit(event)
+            case ev.SetPolicy():
+                return self._set_policy(event)
             case ev.Recover():
                 return self._recover(event)
         raise TypeError(f"not an event: {event!r}")
@@ -188,7 +195,9 @@ class LockTable:
             return self._reenter(g, h, e)
         if e.job in g.queue:
             return self._reattach(g, g.queue[e.job], e)
-        waiter = Waiter(e.job, e.call_id, e.request_id, e.now, e.lease_ttl, e.wait_deadline, None)
+        waiter = Waiter(
+            e.job, e.call_id, e.request_id, e.now, e.lease_ttl, e.wait_deadline, None, e.priority
+        )
         self.groups[g.name] = g
         if h is None:
             return self._grant(g, waiter, e.now)
@@ -218,7 +227,7 @@ class LockTable:
         if w.call_id and w.call_id != e.call_id:
             effects.append(ev.Superseded(g.name, w.job, w.call_id))
         w.call_id, w.request_id, w.reclaim_deadline = e.call_id, e.request_id, None
-        w.lease_ttl, w.wait_deadline = e.lease_ttl, e.wait_deadline
+        w.lease_ttl, w.wait_deadline, w.priority = e.lease_ttl, e.wait_deadline, e.priority
         self._arm_waiter(g, w)
         return [*effects, ev.Queued(g.name, w.job, e.call_id, g.position(w.job))]
 
@@ -291,6 +300,20 @@ class LockTable:
             self._arm_holder(g)
         return []
 
+    def _set_policy(self, e: ev.SetPolicy) -> list[Effect]:
+        if e.policy not in ev.POLICIES:
+            raise InvalidArgumentError(
+                f"unknown policy {e.policy!r}; expected one of {', '.join(ev.POLICIES)}"
+            )
+        if not e.aging > 0:
+            raise InvalidArgumentError("priority aging must be a positive number of seconds")
+        self.policies[e.group] = (e.policy, e.aging)
+        return []
+
+    def policy(self, group: str) -> tuple[str, float]:
+        """How `group` picks its next holder, and the priority aging it uses."""
+        return self.policies.get(group) or self.policies.get("") or (ev.POLICY_FIFO, 60.0)
+
     def _recover(self, e: ev.Recover) -> list[Effect]:
         self.epoch += 1
         for g in self.groups.values():
@@ -311,6 +334,7 @@ class LockTable:
         # the previous context out and this one in before the grant. Groups here
         # have no agents, so the context is live at once and nothing is restored.
         g.token += 1
+        g.last_served[w.job] = now
         previous = g.active_job
         g.active_job = g.loaded_job = w.job
         g.state_since = now
@@ -333,8 +357,19 @@ class LockTable:
         if not g.queue:
             g.state_since = now
             return []
-        _, waiter = g.queue.popitem(last=False)
+        waiter = g.queue.pop(self._next_waiter(g, now))
         return self._grant(g, waiter, now)
+
+    def _next_waiter(self, g: Group, now: float) -> str:
+        """The waiter the group's policy serves next; ties go to the earliest queued."""
+        policy, aging = self.policy(g.name)
+        waiters = list(g.queue.values())
+        if policy == ev.POLICY_LRS:
+            # Never served goes first; sort is stable, so ties keep queue order.
+            return min(waiters, key=lambda w: g.last_served.get(w.job, float("-inf"))).job
+        if policy == ev.POLICY_PRIORITY:
+            return max(waiters, key=lambda w: w.priority + (now - w.since) / aging).job
+        return waiters[0].job
 
     def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
         g.holder = None
@@ -454,6 +489,7 @@ class LockTable:
         return {
             "epoch": self.epoch,
             "hold_limits": dict(self.hold_limits),
+            "policies": {name: list(p) for name, p in self.policies.items()},
             "groups": [
                 {
                     "name": g.name,
@@ -463,6 +499,7 @@ class LockTable:
                     "queue": [asdict(w) for w in g.queue.values()],
                     "active_job": g.active_job,
                     "loaded_job": g.loaded_job,
+                    "last_served": dict(g.last_served),
                 }
                 for g in self.groups.values()
             ],
@@ -475,6 +512,7 @@ class LockTable:
         table = cls()
         table.epoch = data["epoch"]
         table.hold_limits = dict(data["hold_limits"])
+        table.policies = {name: (p, a) for name, (p, a) in data.get("policies", {}).items()}
         for gd in data["groups"]:
             g = Group(
                 name=gd["name"],
@@ -484,6 +522,7 @@ class LockTable:
                 queue=OrderedDict((w["job"], Waiter(**w)) for w in gd["queue"]),
                 active_job=gd["active_job"],
                 loaded_job=gd["loaded_job"],
+                last_served=dict(gd.get("last_served", {})),
             )
             table.groups[g.name] = g
             table._arm_holder(g)

@@ -210,6 +210,12 @@ class AcquireRequest(betterproto2.Message):
     and the job leaves the queue. Unset: wait without limit.
     """
 
+    priority: "int" = betterproto2.field(103, betterproto2.TYPE_INT32)
+    """
+    Under a group's priority policy, higher is served first (and every so many
+    seconds waited count as one more). Ignored by the other policies.
+    """
+
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "AcquireRequest", AcquireRequest

@@ -74,6 +74,10 @@ def serve_orchestrator(
     hold_limit: Annotated[
         float | None, typer.Option(help="Longest any job may hold a group, in seconds.")
     ] = None,
+    hold_grace: Annotated[
+        float,
+        typer.Option(help="At the hold limit, ask the holder to yield; revoke it this much later."),
+    ] = 0.0,
     group_hold_limit: Annotated[
         list[str] | None,
         typer.Option(help="GROUP=SECONDS, a hold limit for one group; repeatable."),
@@ -110,6 +114,7 @@ def serve_orchestrator(
             port=port,
             db=None if db == "memory" else db,
             hold_limit=hold_limit,
+            hold_grace=hold_grace,
             hold_limits=_parse_limits(group_hold_limit or []),
             recovery_grace=recovery_grace,
             group_nodes=_parse_nodes(group_nodes or []),

@@ -28,6 +28,8 @@ EVENTS: list[ev.Event] = [
     ev.SetHoldLimit(7.0, "", 60.0),
     ev.SetHoldLimit(7.0, "g", None),
     ev.SetPolicy(7.5, "", "lrs"),
+    ev.SetHoldLimit(7.0, "h", 30.0, grace=5.0),
+    ev.RequestYield(8.0, "g", 3),
     ev.SetPolicy(7.5, "g", "priority", aging=2.5),
     ev.Recover(8.0, 15.0),
     ev.Acquire(9.0, "gröup ✓", "jöb", "1.1", "ré"),

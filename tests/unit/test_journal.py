@@ -30,6 +30,7 @@ POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
 EVENTS: list[ev.Event] = [
     ev.SetHoldLimit(0.5, "", 60.0),
     ev.SetPolicy(0.5, "g", "priority", aging=2.0),
+    ev.RequestYield(0.5, "g", 1),
     ev.Acquire(1.0, "g", "a", "0.1", "ra", lease_ttl=30.0, wait_deadline=None),
     ev.Acquire(1.25, "g", "b", "0.2", "", None, 99.125),
     ev.KeepAlive(2.0, "g", "a", "lease-1"),

@@ -910,3 +910,42 @@ def test_policies_are_validated_and_survive_a_round_trip(t: Harness) -> None:
     assert again.policy("g") == (ev.POLICY_PRIORITY, 5.0)
     assert again.policy("other") == (ev.POLICY_LRS, 60.0)
     assert again.groups["g"].last_served == {"a": 1.0}
+
+
+# --- hold limit with a grace period ---------------------------------------------------
+
+
+def test_a_holder_at_its_hold_limit_is_asked_to_yield_then_revoked_after_the_grace(
+    t: Harness,
+) -> None:
+    t.handle(ev.SetHoldLimit(0, "g", 10.0, grace=5.0))
+    [granted] = t.acquire("a", now=0.0, lease_ttl=100.0)
+    t.acquire("b", now=1.0)
+    assert t.table.next_deadline() == 10.0
+    assert t.table.due(10.0) == ev.RequestYield(10.0, "g", granted.token)
+    assert t.run_due(10.0) == [ev.YieldRequested("g", "a", granted.token, 15.0)]
+    assert t.holder() == "a" and t.table.next_deadline() == 15.0
+    [renewed] = t.handle(ev.KeepAlive(12.0, "g", "a", granted.lease.lease_id))
+    assert isinstance(renewed, ev.LeaseRenewed) and renewed.yield_requested
+    t.ignore(ev.RequestYield(13.0, "g", granted.token))  # asked once only
+    effects = t.run_due(15.0)
+    assert effects[0] == ev.Revoked("g", "a", granted.token, ev.REASON_HOLD_LIMIT)
+    assert t.holder() == "b"
+
+
+def test_a_holder_that_yields_when_asked_is_not_revoked(t: Harness) -> None:
+    t.handle(ev.SetHoldLimit(0, "", 10.0, grace=5.0))
+    t.acquire("a", now=0.0)
+    t.run_due(10.0)
+    t.yield_("a", now=11.0)
+    assert t.table.next_deadline() is None and t.state() is GroupState.IDLE_YIELDED
+
+
+def test_without_a_grace_the_hold_limit_revokes_at_once(t: Harness) -> None:
+    t.handle(ev.SetHoldLimit(0, "g", 10.0))
+    [granted] = t.acquire("a", now=0.0)
+    assert t.table.due(10.0) == ev.Revoke(10.0, "g", granted.token, ev.REASON_HOLD_LIMIT)
+
+
+def test_a_negative_grace_is_refused(t: Harness) -> None:
+    t.refuse(ev.SetHoldLimit(0, "g", 10.0, grace=-1.0), InvalidArgumentError)

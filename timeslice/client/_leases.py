@@ -43,6 +43,7 @@ class Holding:
     ttl_ms: int
     expires_at: float | None
     keep_alive_task: asyncio.Task[None] | None = None
+    yield_requested: bool = False  # the last renewal said the hold limit is reached
 
 
 Renew = Callable[[Holding, float], Awaitable[pb.KeepAliveResponse]]
@@ -131,6 +132,7 @@ class LeaseKeeper:
             holding.expires_at = sent_at + holding.ttl_ms / 1000
         if response.fencing_token:
             holding.fencing_token = response.fencing_token
+        holding.yield_requested = response.yield_requested
 
     async def close(self) -> None:
         """Stops every renewal; the grants themselves stay with the server."""

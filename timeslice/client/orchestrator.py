@@ -211,6 +211,13 @@ class AsyncTimeSliceOrchestratorClient:
             self._leases.renewed(holding, response, sent_at)
         return lease_info(response)
 
+    def yield_requested(self, job_id: str | None = None, group_id: str | None = None) -> bool:
+        """Whether the group asked the job to yield: it held past the group's hold
+        limit, and is revoked at the end of the grace period unless it yields.
+        Learned from the lease renewals, so only for grants with a lease."""
+        holding = self._leases.held(self._group(group_id), self._job(job_id))
+        return holding is not None and holding.yield_requested
+
     def lease_lost(self, job_id: str | None = None, group_id: str | None = None) -> bool:
         """Whether the job's last grant in the group lost its lease (until it acquires again)."""
         return self._leases.lost(self._group(group_id), self._job(job_id)) is not None

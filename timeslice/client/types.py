@@ -49,6 +49,7 @@ class WatchEventKind(str, Enum):
     YIELDED = "YIELDED"
     LEFT_QUEUE = "LEFT_QUEUE"
     REVOKED = "REVOKED"
+    YIELD_REQUESTED = "YIELD_REQUESTED"
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class LeaseInfo:
     ttl_ms: int
     expires_at: datetime.datetime | None
     fencing_token: int
+    # The group's hold limit is reached: yield, or be revoked after its grace period.
+    yield_requested: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,7 @@ def lease_info(message: pb.KeepAliveResponse) -> LeaseInfo:
         ttl_ms=lease.ttl_ms if lease else 0,
         expires_at=lease.expires_at if lease else None,
         fencing_token=message.fencing_token,
+        yield_requested=message.yield_requested,
     )
 
 

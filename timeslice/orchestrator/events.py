@@ -89,11 +89,23 @@ class ForceRelease:
 
 @dataclass(frozen=True)
 class SetHoldLimit:
-    """Configures the longest a holder may keep `group` (None: no limit)."""
+    """Configures the longest a holder may keep `group` (None: no limit). With a
+    `grace`, the holder is first asked to yield at the limit, and revoked only
+    `grace` seconds later."""
 
     now: float
     group: str
     max_hold: float | None
+    grace: float = 0.0
+
+
+@dataclass(frozen=True)
+class RequestYield:
+    """The holder of grant `token` reached its hold limit: ask it to yield."""
+
+    now: float
+    group: str
+    token: int
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,7 @@ Event = (
     | ForceRelease
     | SetHoldLimit
     | SetPolicy
+    | RequestYield
     | Recover
 )
 
@@ -141,6 +154,7 @@ EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ForceRelease,
         SetHoldLimit,
         SetPolicy,
+        RequestYield,
         Recover,
     )
 }
@@ -245,15 +259,28 @@ class Revoked:
 
 @dataclass(frozen=True)
 class LeaseRenewed:
-    """The answer to a `KeepAlive`."""
+    """The answer to a `KeepAlive`; `yield_requested` once the hold limit is reached."""
 
     group: str
     job: str
     token: int
     lease: LeaseInfo
+    yield_requested: bool = False
 
 
-Effect = Granted | Queued | LeftQueue | Superseded | Yielded | Revoked | LeaseRenewed
+@dataclass(frozen=True)
+class YieldRequested:
+    """`job` reached its hold limit: it is asked to yield before `revoke_at`."""
+
+    group: str
+    job: str
+    token: int
+    revoke_at: float
+
+
+Effect = (
+    Granted | Queued | LeftQueue | Superseded | Yielded | Revoked | LeaseRenewed | YieldRequested
+)
 
 # Reasons, as the wire and the journal spell them.
 REASON_CANCELLED: Final = "cancelled"

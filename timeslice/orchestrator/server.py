@@ -56,6 +56,9 @@ class OrchestratorConfig:
     # The longest any holder may keep a group (None: no limit), and per-group limits.
     hold_limit: float | None = None
     hold_limits: Mapping[str, float | None] = field(default_factory=dict)
+    # At the hold limit, ask the holder to yield (a Watch event, a flag in its
+    # KeepAlive answer) and revoke it only this many seconds later (0: at once).
+    hold_grace: float = 0.0
     # How each group picks its next holder: "fifo", "lrs" (least recently served)
     # or "priority" (with aging: every `priority_aging` seconds waited adds one).
     policy: str = "fifo"
@@ -78,6 +81,8 @@ class OrchestratorConfig:
         limits = [self.hold_limit, *self.hold_limits.values()]
         if any(limit is not None and limit <= 0 for limit in limits):
             raise InvalidArgumentError("hold limits must be positive")
+        if not self.hold_grace >= 0:
+            raise InvalidArgumentError("hold_grace must not be negative")
         if self.recovery_grace <= 0 or self.snapshot_every < 1 or self.drain_timeout < 0:
             raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
         if self.max_message_bytes < 1024:
@@ -225,9 +230,13 @@ class Orchestrator:
     async def _begin_epoch(self) -> None:
         now = time.time()
         wanted = {"": self.config.hold_limit, **self.config.hold_limits}
+        grace = self.config.hold_grace
         for group, limit in wanted.items():
-            if self.table.hold_limits.get(group) != limit:
-                self._apply(ev.SetHoldLimit(now, group, limit))
+            if (self.table.hold_limits.get(group), self.table.hold_graces.get(group)) != (
+                limit,
+                grace,
+            ):
+                self._apply(ev.SetHoldLimit(now, group, limit, grace))
         policies = {"": self.config.policy, **self.config.policies}
         for group, policy in policies.items():
             if self.table.policies.get(group) != (policy, self.config.priority_aging):
@@ -250,7 +259,7 @@ class Orchestrator:
         effects = self.table.handle(event)
         done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
         if isinstance(event, ev.KeepAlive) or (
-            isinstance(event, ev.DropWaiter | ev.Revoke) and not effects
+            isinstance(event, ev.DropWaiter | ev.Revoke | ev.RequestYield) and not effects
         ):
             self._act(effects)
             done.set_result(effects)
@@ -335,8 +344,14 @@ class Orchestrator:
                             f"a newer Acquire of {effect.job} on {effect.group} took this one's place"
                         ),
                     )
-                case ev.Queued() | ev.Yielded() | ev.Revoked() | ev.LeaseRenewed():
-                    pass
+                case (
+                    ev.Queued()
+                    | ev.Yielded()
+                    | ev.Revoked()
+                    | ev.LeaseRenewed()
+                    | ev.YieldRequested()
+                ):
+                    pass  # answered by their calls, or only told to watchers
                 case _:
                     raise TypeError(f"not an effect: {effect!r}")
             if self._watchers:

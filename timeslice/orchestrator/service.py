@@ -90,7 +90,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
         renewed = await self.orch.keep_alive(message.group_id, message.job_id, message.lease_id)
-        return pb.KeepAliveResponse(lease=_lease(renewed.lease), fencing_token=renewed.token)
+        return pb.KeepAliveResponse(
+            lease=_lease(renewed.lease),
+            fencing_token=renewed.token,
+            yield_requested=renewed.yield_requested,
+        )
 
     async def watch(self, message: pb.WatchRequest) -> AsyncIterator[pb.WatchEvent]:
         if message.group_id:
@@ -149,6 +153,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 kind, token = pb.WatchEventKind.LEFT_QUEUE, 0
             case ev.Revoked(token=token, reason=reason):
                 kind = pb.WatchEventKind.REVOKED
+            case ev.YieldRequested(token=token, revoke_at=revoke_at):
+                kind = pb.WatchEventKind.YIELD_REQUESTED
+                when = datetime.fromtimestamp(revoke_at, UTC).isoformat()
+                reason = f"hold limit reached: yield before {when}"
             case _:
                 return None
         group = self.orch.table.groups.get(effect.group)

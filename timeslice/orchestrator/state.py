@@ -83,6 +83,7 @@ class Holder:
     expires_at: float | None
     claim_deadline: float | None  # an unclaimed grant is revoked then
     previous_job: str = ""  # the active job before this grant, restored if it is never taken
+    yield_requested: bool = False  # it reached its hold limit and was asked to yield
 
     @property
     def lease(self) -> ev.LeaseInfo:
@@ -135,6 +136,7 @@ class _AcquireOutcome:
 
 
 _HOLDER: Final = ""  # timer key of a group's holder; a waiter's key is its job id
+_ASK_TO_YIELD: Final = "ask to yield"  # a holder deadline that asks rather than revokes
 
 
 class LockTable:
@@ -145,6 +147,8 @@ class LockTable:
         self.epoch = 0
         # Hold limit per group name; the "" entry is the default for every group.
         self.hold_limits: dict[str, float | None] = {}
+        # Seconds between the yield request at the hold limit and the revocation.
+        self.hold_graces: dict[str, float] = {}
         # (policy, aging) per group name, likewise; FIFO when none is set.
         self.policies: dict[str, tuple[str, float]] = {}
         self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
@@ -173,6 +177,8 @@ class LockTable:
                 return self._set_hold_limit(event)
             case ev.SetPolicy():
                 return self._set_policy(event)
+            case ev.RequestYield():
+                return self._request_yield(event)
             case ev.Recover():
                 return self._recover(event)
         raise TypeError(f"not an event: {event!r}")
@@ -265,7 +271,7 @@ class LockTable:
         # Re-arm even without a lease: a claim deadline just cleared may have been
         # the only armed deadline, hiding a later hold limit.
         self._arm_holder(g)
-        return [ev.LeaseRenewed(g.name, h.job, h.token, h.lease)]
+        return [ev.LeaseRenewed(g.name, h.job, h.token, h.lease, h.yield_requested)]
 
     def _drop_waiter(self, e: ev.DropWaiter) -> list[Effect]:
         g = self.groups.get(e.group)
@@ -295,10 +301,24 @@ class LockTable:
     def _set_hold_limit(self, e: ev.SetHoldLimit) -> list[Effect]:
         if e.max_hold is not None and e.max_hold <= 0:
             raise InvalidArgumentError("a hold limit must be positive")
+        if not e.grace >= 0:
+            raise InvalidArgumentError("a hold limit's grace must not be negative")
         self.hold_limits[e.group] = e.max_hold
+        self.hold_graces[e.group] = e.grace
         for g in self.groups.values():
             self._arm_holder(g)
         return []
+
+    def _request_yield(self, e: ev.RequestYield) -> list[Effect]:
+        g = self.groups.get(e.group)
+        h = g.holder if g else None
+        limit = self.hold_limit(e.group)
+        if g is None or h is None or h.token != e.token or h.yield_requested or limit is None:
+            return []  # that grant ended, or was asked already
+        h.yield_requested = True
+        self._arm_holder(g)
+        revoke_at = h.granted_at + limit + self.hold_grace(g.name)
+        return [ev.YieldRequested(g.name, h.job, h.token, revoke_at)]
 
     def _set_policy(self, e: ev.SetPolicy) -> list[Effect]:
         if e.policy not in ev.POLICIES:
@@ -398,6 +418,10 @@ class LockTable:
         """The longest a holder may keep `group`."""
         return self.hold_limits.get(group, self.hold_limits.get(""))
 
+    def hold_grace(self, group: str) -> float:
+        """How long after its yield request a holder of `group` is revoked."""
+        return self.hold_graces.get(group, self.hold_graces.get("", 0.0))
+
     def _holder_deadlines(self, g: Group) -> list[tuple[float, str]]:
         h = g.holder
         if h is None:
@@ -406,7 +430,10 @@ class LockTable:
         if h.expires_at is not None:
             found.append((h.expires_at, ev.REASON_LEASE_EXPIRED))
         if (limit := self.hold_limit(g.name)) is not None:
-            found.append((h.granted_at + limit, ev.REASON_HOLD_LIMIT))
+            grace = self.hold_grace(g.name)
+            if grace > 0 and not h.yield_requested:
+                found.append((h.granted_at + limit, _ASK_TO_YIELD))
+            found.append((h.granted_at + limit + grace, ev.REASON_HOLD_LIMIT))
         if h.claim_deadline is not None:
             found.append((h.claim_deadline, ev.REASON_NOT_DELIVERED))
         return found
@@ -449,7 +476,7 @@ class LockTable:
             heapq.heappop(self._timers)
         return None
 
-    def due(self, now: float) -> ev.Revoke | ev.DropWaiter | None:
+    def due(self, now: float) -> ev.Revoke | ev.DropWaiter | ev.RequestYield | None:
         """The first time-driven event due at `now`, to be fed back through `handle`."""
         at = self.next_deadline()
         if at is None or at > now:
@@ -459,6 +486,8 @@ class LockTable:
         g = self.groups[group]
         if key == _HOLDER:
             assert g.holder is not None
+            if reason == _ASK_TO_YIELD:
+                return ev.RequestYield(now, group, g.holder.token)
             return ev.Revoke(now, group, g.holder.token, reason)
         return ev.DropWaiter(now, group, key, g.queue[key].call_id, reason)
 
@@ -489,6 +518,7 @@ class LockTable:
         return {
             "epoch": self.epoch,
             "hold_limits": dict(self.hold_limits),
+            "hold_graces": dict(self.hold_graces),
             "policies": {name: list(p) for name, p in self.policies.items()},
             "groups": [
                 {
@@ -512,6 +542,7 @@ class LockTable:
         table = cls()
         table.epoch = data["epoch"]
         table.hold_limits = dict(data["hold_limits"])
+        table.hold_graces = dict(data.get("hold_graces", {}))
         table.policies = {name: (p, a) for name, (p, a) in data.get("policies", {}).items()}
         for gd in data["groups"]:
             g = Group(

@@ -157,6 +157,11 @@ class WatchEventKind(betterproto2.Enum):
     grant nobody took.
     """
 
+    YIELD_REQUESTED = 7
+    """
+    The holder reached its hold limit and is asked to yield.
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -167,6 +172,7 @@ class WatchEventKind(betterproto2.Enum):
             4: "KIND_YIELDED",
             5: "KIND_LEFT_QUEUE",
             6: "KIND_REVOKED",
+            7: "KIND_YIELD_REQUESTED",
         }
 
     @classmethod
@@ -179,6 +185,7 @@ class WatchEventKind(betterproto2.Enum):
             "KIND_YIELDED": 4,
             "KIND_LEFT_QUEUE": 5,
             "KIND_REVOKED": 6,
+            "KIND_YIELD_REQUESTED": 7,
         }
 
 
@@ -392,6 +399,12 @@ class KeepAliveResponse(betterproto2.Message):
     )
 
     fencing_token: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    yield_requested: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    The holder reached its group's hold limit: it should yield, or it is
+    revoked at the end of the grace period.
+    """
 
 
 default_message_pool.register_message(

@@ -795,3 +795,34 @@ async def test_closing_answers_waiting_calls_and_ends_workload_streams() -> None
         await agent.close()
     assert agent.table.operations[op_id].status.value == "FAILED"
     assert agent.table.operations[op_id].error
+
+
+async def test_a_health_watch_stays_open_and_says_not_serving_when_the_agent_closes() -> None:
+    import grpclib.client
+
+    from timeslice.api.gen.grpc.health import v1 as health_pb
+
+    agent = Agent(node_name="n1", backends=("noop",))
+    await agent.start()
+    host, port = agent.address.rsplit(":", 1)
+    channel = grpclib.client.Channel(host, int(port))
+    try:
+        stub = health_pb.HealthStub(channel)
+        seen: list[health_pb.HealthCheckResponseServingStatus] = []
+
+        async def watch() -> None:
+            async for answer in stub.watch(health_pb.HealthCheckRequest()):
+                seen.append(answer.status)
+
+        watching = asyncio.ensure_future(watch())
+        await asyncio.sleep(0.2)
+        assert seen == [health_pb.HealthCheckResponseServingStatus.SERVING]
+        assert not watching.done()  # the stream stays open while nothing changes
+        await asyncio.wait_for(agent.close(), 5)
+        await asyncio.wait_for(asyncio.gather(watching, return_exceptions=True), 5)
+        assert seen == [
+            health_pb.HealthCheckResponseServingStatus.SERVING,
+            health_pb.HealthCheckResponseServingStatus.NOT_SERVING,
+        ]
+    finally:
+        channel.close()

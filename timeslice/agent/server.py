@@ -106,6 +106,8 @@ class Agent:
         self._done: dict[str, asyncio.Event] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.gate = CallGate("the agent", self.config.max_message_bytes)
+        #: Set when the agent starts closing (health watchers are told).
+        self.stopping = asyncio.Event()
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class Agent:
         if self._state == "closed":
             return
         self._state = "closing"
+        self.stopping.set()
         self.channels.close_all("the agent is shutting down")
         for event in self._done.values():
             event.set()

@@ -243,4 +243,12 @@ class HealthService(health.HealthBase):
     async def watch(
         self, message: health.HealthCheckRequest
     ) -> AsyncIterator[health.HealthCheckResponse]:
-        yield health.HealthCheckResponse(status=self._status(message.service))
+        """The status now, then NOT_SERVING when the agent starts closing (the stream
+        ends then, as the agent stops)."""
+        status = self._status(message.service)
+        yield health.HealthCheckResponse(status=status)
+        await self.agent.stopping.wait()
+        if status != health.HealthCheckResponseServingStatus.NOT_SERVING:
+            yield health.HealthCheckResponse(
+                status=health.HealthCheckResponseServingStatus.NOT_SERVING
+            )

@@ -108,7 +108,7 @@ _BY_STATUS: dict[Status, type[TimeSliceError]] = {
     Status.ALREADY_EXISTS: AlreadyExistsError,
     Status.PERMISSION_DENIED: PermissionDeniedError,
     Status.UNAUTHENTICATED: PermissionDeniedError,
-    Status.FAILED_PRECONDITION: NotHolderError,
+    Status.FAILED_PRECONDITION: ConflictError,
     Status.ABORTED: LeaseLostError,
     Status.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     Status.DEADLINE_EXCEEDED: DeadlineExceededError,
@@ -126,9 +126,15 @@ def to_grpc_error(error: TimeSliceError) -> GRPCError:
     return GRPCError(error.status, error.message or type(error).__name__)
 
 
-def from_grpc_error(error: GRPCError) -> TimeSliceError:
-    """The timeslice exception a client raises for a `GRPCError`."""
-    cls = _BY_STATUS.get(error.status, TimeSliceError)
+def from_grpc_error(
+    error: GRPCError, conflict: type[ConflictError] = ConflictError
+) -> TimeSliceError:
+    """The timeslice exception a client raises for a `GRPCError`; `conflict` is the
+    class for FAILED_PRECONDITION (the orchestrator's client says `NotHolderError`)."""
+    if error.status is Status.FAILED_PRECONDITION:
+        cls: type[TimeSliceError] = conflict
+    else:
+        cls = _BY_STATUS.get(error.status, TimeSliceError)
     result = cls(error.message or error.status.name)
     result.status = error.status
     return result

@@ -78,6 +78,7 @@ async def test_a_restore_of_a_job_not_saved_is_refused(client: AsyncSnapshotAgen
     with pytest.raises(ConflictError, match="RUNNING") as raised:
         await client.restore("job-1", "g")
     assert raised.value.status == Status.FAILED_PRECONDITION
+    assert type(raised.value) is ConflictError  # not the orchestrator's NotHolderError
     with pytest.raises(ConflictError):
         await client.restore_and_wait("job-1", "g")
     with pytest.raises(NotFoundError, match="unknown job"):

@@ -13,6 +13,7 @@ from typing import TypeVar
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from timeslice.errors import (
+    ConflictError,
     DeadlineExceededError,
     InvalidArgumentError,
     TimeSliceError,
@@ -78,14 +79,14 @@ def _parse_port(target: str, text: str) -> int:
 
 
 @contextlib.contextmanager
-def map_errors(what: str) -> Iterator[None]:
+def map_errors(what: str, conflict: type[ConflictError] = ConflictError) -> Iterator[None]:
     """Turns what grpclib and the socket layer raise into timeslice exceptions."""
     try:
         yield
     except TimeSliceError:
         raise
     except GRPCError as error:
-        raise from_grpc_error(error) from error
+        raise from_grpc_error(error, conflict) from error
     # TimeoutError is an OSError: it must be caught first.
     except TimeoutError as error:
         raise DeadlineExceededError(f"{what}: the call's deadline ran out") from error
@@ -109,6 +110,7 @@ async def call_with_retry(
     what: str,
     budget_sec: float | None,
     reconnect_timeout_sec: float,
+    conflict: type[ConflictError] = ConflictError,
 ) -> T:
     """Runs `attempt(seconds_left)` again while the server cannot be reached.
 
@@ -130,7 +132,7 @@ async def call_with_retry(
                 f" ({last_error.message})"
             ) from last_error
         try:
-            with map_errors(what):
+            with map_errors(what, conflict):
                 return await attempt(left)
         except UnavailableError as error:
             last_error = error

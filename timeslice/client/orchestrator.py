@@ -36,7 +36,7 @@ from timeslice.client.types import (
     watch_event,
     yield_result,
 )
-from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError, NotHolderError
 
 R = TypeVar("R")
 
@@ -205,7 +205,7 @@ class AsyncTimeSliceOrchestratorClient:
             group_id=group, job_id=job, lease_id=holding.lease_id if holding else ""
         )
         sent_at = asyncio.get_running_loop().time()
-        with map_errors(f"KeepAlive({group}/{job})"):
+        with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
             response = await stub.keep_alive(request, timeout=timeout_sec or self._call_timeout_sec)
         if holding is not None:
             self._leases.renewed(holding, response, sent_at)
@@ -229,7 +229,7 @@ class AsyncTimeSliceOrchestratorClient:
         deadline; it ends when the server closes it, and is not resumed.
         """
         stub = self._connect()
-        with map_errors(f"Watch({group_id or '*'})"):
+        with map_errors(f"Watch({group_id or '*'})", NotHolderError):
             stream = stub.watch(pb.WatchRequest(group_id=group_id))
             try:
                 async for message in stream:
@@ -253,7 +253,7 @@ class AsyncTimeSliceOrchestratorClient:
         group = self._group(group_id)
         stub = self._connect()
         request = pb.ForceReleaseRequest(group_id=group, job_id=job_id, reason=reason)
-        with map_errors(f"ForceRelease({group})"):
+        with map_errors(f"ForceRelease({group})", NotHolderError):
             response = await stub.force_release(
                 request, timeout=timeout_sec or self._call_timeout_sec
             )
@@ -326,6 +326,7 @@ class AsyncTimeSliceOrchestratorClient:
             what=what,
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
+            conflict=NotHolderError,
         )
 
     async def _acquire(self, job: str, group: str, timeout_sec: float | None) -> AcquireResult:
@@ -351,6 +352,7 @@ class AsyncTimeSliceOrchestratorClient:
             what=f"Acquire({group}/{job})",
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
+            conflict=NotHolderError,
         )
         if response.success:
             self._leases.hold(group, job, response, asyncio.get_running_loop().time())
@@ -400,7 +402,7 @@ class AsyncTimeSliceOrchestratorClient:
         request = pb.KeepAliveRequest(
             group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
         )
-        with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})"):
+        with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
             return await stub.keep_alive(request, timeout=timeout)
 
 

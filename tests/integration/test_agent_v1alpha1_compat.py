@@ -11,10 +11,7 @@ generator, read on a thread of its own.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,15 +20,14 @@ from types import ModuleType
 from typing import Any
 
 import grpc
-import grpc_tools
 import pytest
-from grpc_tools import protoc
 
 from timeslice.agent.server import Agent
 
+from grpcio_compat import compiled, serving_in_thread
+
 pytestmark = pytest.mark.timeout(60)
 
-COMPAT = Path(__file__).parents[1] / "compat"
 PROTOS = ("v1alpha1_agent.proto", "grpc_health_v1.proto")
 CALL_TIMEOUT = 10.0
 
@@ -48,65 +44,21 @@ class V1alpha1:
 
 @pytest.fixture(scope="module")
 def v1alpha1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V1alpha1]:
-    out = tmp_path_factory.mktemp("v1alpha1_agent_gen")
-    well_known = Path(grpc_tools.__file__).parent / "_proto"
-    code = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{COMPAT}",
-            f"-I{well_known}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            *(str(COMPAT / proto) for proto in PROTOS),
-        ]
-    )
-    assert code == 0, "protoc failed on the v1alpha1 agent proto"
-    names = [f"{Path(p).stem}{suffix}" for p in PROTOS for suffix in ("_pb2", "_pb2_grpc")]
-    sys.path.insert(0, str(out))
-    try:
-        yield V1alpha1({name: importlib.import_module(name) for name in names})
-    finally:
-        sys.path.remove(str(out))
-        for name in names:
-            sys.modules.pop(name, None)
+    with compiled(PROTOS, tmp_path_factory.mktemp("v1alpha1_agent_gen")) as modules:
+        yield V1alpha1(modules)
 
 
 @pytest.fixture
 def agent_address(tmp_path: Path) -> Iterator[str]:
-    """An Agent serving from a background thread with its own event loop."""
-    started = threading.Event()
-    running: dict[str, Any] = {}
+    """An Agent serving from a background thread with its own event loop; its job
+    table is checked when it stops."""
+    db = f"sqlite:///{tmp_path / 'agent.db'}"
 
-    async def serve() -> None:
-        stop = asyncio.Event()
-        async with Agent(node_name="n1", db=f"sqlite:///{tmp_path / 'agent.db'}",
-                         backends=("noop", "app_channel")) as agent:  # fmt: skip
-            running.update(address=agent.address, loop=asyncio.get_running_loop(), stop=stop)
-            started.set()
-            await stop.wait()
-            agent.table.validate()
+    def agent() -> Agent:
+        return Agent(node_name="n1", db=db, backends=("noop", "app_channel"))
 
-    def run() -> None:
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:
-            running["error"] = exc
-            raise
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=run, name="agent", daemon=True)
-    thread.start()
-    assert started.wait(20), "the agent did not start"
-    if "error" in running:
-        raise running["error"]
-    try:
-        yield running["address"]
-    finally:
-        running["loop"].call_soon_threadsafe(running["stop"].set)
-        thread.join(20)
-        assert not thread.is_alive(), "the agent did not stop"
-        assert "error" not in running
+    with serving_in_thread(agent, "agent", lambda a: a.table.validate()) as address:
+        yield address
 
 
 def channel_to(address: str) -> grpc.Channel:

@@ -9,9 +9,6 @@ and another protobuf runtime than the ones timeslice uses.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,79 +18,31 @@ from types import ModuleType
 from typing import Any
 
 import grpc
-import grpc_tools
 import pytest
-from grpc_tools import protoc
 
 from timeslice.orchestrator.server import Orchestrator
 
+from grpcio_compat import compiled, serving_in_thread
+
 pytestmark = pytest.mark.timeout(60)
 
-PROTO = Path(__file__).parents[1] / "compat" / "v1alpha1_orchestrator.proto"
+PROTO = "v1alpha1_orchestrator.proto"
 CALL_TIMEOUT = 10.0
 
 
 @pytest.fixture(scope="module")
 def v1alpha1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
     """The generated v1alpha1 messages and grpcio stub, as (pb2, pb2_grpc)."""
-    out = tmp_path_factory.mktemp("v1alpha1_gen")
-    well_known = Path(grpc_tools.__file__).parent / "_proto"
-    code = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{PROTO.parent}",
-            f"-I{well_known}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            str(PROTO),
-        ]
-    )
-    assert code == 0, "protoc failed on the v1alpha1 proto"
-    names = ["v1alpha1_orchestrator_pb2", "v1alpha1_orchestrator_pb2_grpc"]
-    sys.path.insert(0, str(out))
-    try:
-        pb2, pb2_grpc = (importlib.import_module(name) for name in names)
-        yield pb2, pb2_grpc
-    finally:
-        sys.path.remove(str(out))
-        for name in names:
-            sys.modules.pop(name, None)
+    with compiled([PROTO], tmp_path_factory.mktemp("v1alpha1_gen")) as modules:
+        yield modules["v1alpha1_orchestrator_pb2"], modules["v1alpha1_orchestrator_pb2_grpc"]
 
 
 @pytest.fixture
 def orchestrator_address(tmp_path: Path) -> Iterator[str]:
     """An Orchestrator serving from a background thread with its own event loop."""
-    started = threading.Event()
-    running: dict[str, Any] = {}
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        async with Orchestrator(db=f"sqlite:///{tmp_path / 'journal.db'}", port=0) as orch:
-            running.update(address=orch.address, loop=asyncio.get_running_loop(), stop=stop)
-            started.set()
-            await stop.wait()
-
-    def run() -> None:
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:
-            running["error"] = exc
-            raise
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=run, name="orchestrator", daemon=True)
-    thread.start()
-    assert started.wait(20), "the orchestrator did not start"
-    if "error" in running:
-        raise running["error"]
-    try:
-        yield running["address"]
-    finally:
-        running["loop"].call_soon_threadsafe(running["stop"].set)
-        thread.join(20)
-        assert not thread.is_alive(), "the orchestrator did not stop"
-        assert "error" not in running
+    db = f"sqlite:///{tmp_path / 'journal.db'}"
+    with serving_in_thread(lambda: Orchestrator(db=db, port=0), "orchestrator") as address:
+        yield address
 
 
 class V1alpha1Job:

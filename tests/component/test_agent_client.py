@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -20,8 +19,9 @@ from typing import Any
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 from grpclib.testing import ChannelFor
+
+from local_servers import Proxy, free_address, start_server, stop_server
 
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
@@ -162,67 +162,6 @@ class FakeHealth(health_pb.HealthBase):
         return health_pb.HealthCheckResponse(status=self.statuses[message.service])
 
 
-def listening_socket(port: int = 0) -> socket.socket:
-    sock = socket.create_server(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def free_address() -> str:
-    with listening_socket() as sock:
-        return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def start_server(fake: FakeAgent, port: int = 0) -> tuple[Server, str]:
-    server = Server([fake, FakeHealth()])
-    sock = listening_socket(port)
-    await server.start(sock=sock)
-    return server, f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def stop_server(server: Server) -> None:
-    server.close()
-    await asyncio.wait_for(server.wait_closed(), 5)
-
-
-class Proxy:
-    """Forwards TCP to the agent; `cut()` drops every connection, as a network fault would."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream_port = int(upstream.rsplit(":", 1)[1])
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._forward, sock=listening_socket())
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self.writers |= {writer, up_writer}
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except OSError:
-                pass
-            finally:
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def cut(self) -> None:
-        for writer in self.writers:
-            writer.close()
-        self.writers.clear()
-
-    async def close(self) -> None:
-        self.cut()
-        self.server.close()
-        await self.server.wait_closed()
-
-
 @pytest.fixture
 def fake() -> FakeAgent:
     return FakeAgent()
@@ -230,7 +169,7 @@ def fake() -> FakeAgent:
 
 @pytest.fixture
 async def address(fake: FakeAgent) -> AsyncIterator[str]:
-    server, address = await start_server(fake)
+    server, address = await start_server([fake, FakeHealth()])
     yield address
     await stop_server(server)
 
@@ -627,7 +566,7 @@ async def test_a_snapshot_waits_for_an_agent_that_starts_late(fake: FakeAgent) -
     async with AsyncSnapshotAgentClient(address) as client:
         snapshotting = asyncio.create_task(client.snapshot("job-1"))
         await asyncio.sleep(0.2)
-        server, _ = await start_server(fake, int(address.rsplit(":", 1)[1]))
+        server, _ = await start_server([fake, FakeHealth()], int(address.rsplit(":", 1)[1]))
         try:
             assert (await snapshotting).operation_id == "op-1"
             assert len(fake.calls["snapshot"]) == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import socket
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,8 +19,9 @@ from typing import Any
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 from grpclib.testing import ChannelFor
+
+from local_servers import Proxy, listening_socket, start_server, stop_server
 
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client import (
@@ -208,62 +208,6 @@ class FakeOrchestrator(pb.TimeSliceOrchestratorServiceBase):
         )
 
 
-def listening_socket(port: int = 0) -> socket.socket:
-    sock = socket.create_server(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-async def start_server(fake: FakeOrchestrator, port: int = 0) -> tuple[Server, str]:
-    server = Server([fake])
-    sock = listening_socket(port)
-    await server.start(sock=sock)
-    return server, f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def stop_server(server: Server) -> None:
-    server.close()
-    await asyncio.wait_for(server.wait_closed(), 5)
-
-
-class Proxy:
-    """Forwards TCP to the server; `cut()` drops every connection, as a crash would."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream_port = int(upstream.rsplit(":", 1)[1])
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._forward, sock=listening_socket())
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self.writers |= {writer, up_writer}
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except OSError:
-                pass
-            finally:
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def cut(self) -> None:
-        for writer in self.writers:
-            writer.close()
-        self.writers.clear()
-
-    async def close(self) -> None:
-        self.cut()
-        self.server.close()
-        await self.server.wait_closed()
-
-
 @pytest.fixture
 def fake() -> FakeOrchestrator:
     return FakeOrchestrator()
@@ -271,7 +215,7 @@ def fake() -> FakeOrchestrator:
 
 @pytest.fixture
 async def address(fake: FakeOrchestrator) -> AsyncIterator[str]:
-    server, address = await start_server(fake)
+    server, address = await start_server([fake])
     yield address
     await stop_server(server)
 
@@ -533,7 +477,7 @@ async def test_an_acquire_waits_for_a_server_that_starts_late(fake: FakeOrchestr
     async with AsyncTimeSliceOrchestratorClient(f"127.0.0.1:{port}", "a", "g") as client:
         acquiring = asyncio.create_task(client.acquire())
         await asyncio.sleep(0.2)
-        server, _ = await start_server(fake, port)
+        server, _ = await start_server([fake], port)
         try:
             assert (await acquiring).success
             assert len(fake.calls["acquire"]) == 1

@@ -30,32 +30,27 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
 
 
-def _parse_pairs(values: list[str], form: str) -> dict[str, str]:
+def _parse_pairs(values: list[str], form: str, allow_empty: bool = False) -> dict[str, str]:
+    """KEY=VALUE options (`form` says what is expected) as a dict."""
     pairs: dict[str, str] = {}
     for value in values:
         key, sep, item = value.partition("=")
-        if not sep or not key or not item:
+        if not sep or not key or not (item or allow_empty):
             raise typer.BadParameter(f"expected {form}, got {value!r}")
         pairs[key] = item
     return pairs
 
 
 def _parse_nodes(values: list[str]) -> dict[str, tuple[str, ...]]:
-    nodes: dict[str, tuple[str, ...]] = {}
-    for value in values:
-        group, sep, addresses = value.partition("=")
-        if not sep or not group or not addresses:
-            raise typer.BadParameter(f"expected GROUP=HOST:PORT[,HOST:PORT...], got {value!r}")
-        nodes[group] = tuple(a.strip() for a in addresses.split(",") if a.strip())
-    return nodes
+    pairs = _parse_pairs(values, "GROUP=HOST:PORT[,HOST:PORT...]")
+    return {
+        group: tuple(a.strip() for a in v.split(",") if a.strip()) for group, v in pairs.items()
+    }
 
 
 def _parse_limits(values: list[str]) -> dict[str, float | None]:
     limits: dict[str, float | None] = {}
-    for value in values:
-        group, sep, seconds = value.partition("=")
-        if not sep or not group:
-            raise typer.BadParameter(f"expected GROUP=SECONDS, got {value!r}")
+    for group, seconds in _parse_pairs(values, "GROUP=SECONDS", allow_empty=True).items():
         try:
             limits[group] = float(seconds) if seconds not in ("", "none") else None
         except ValueError:

@@ -55,7 +55,7 @@ def test_bad_group_nodes_are_refused(nodes: dict[str, tuple[str, ...]]) -> None:
         Orchestrator(group_nodes=nodes)
 
 
-@pytest.mark.parametrize("value", ["g", "g=", "=127.0.0.1:1", "g=nowhere"])
+@pytest.mark.parametrize("value", ["g", "g=", "=127.0.0.1:1", "g=no where", "g=host:99999"])
 def test_serve_refuses_bad_group_nodes(value: str) -> None:
     from typer.testing import CliRunner
 

@@ -32,6 +32,14 @@ EVENTS: list[ev.Event] = [
     ev.RequestYield(8.0, "g", 3),
     ev.SetPolicy(7.5, "g", "priority", aging=2.5),
     ev.Recover(8.0, 15.0),
+    ev.SetGroupNodes(8.5, "g", ("n1", "127.0.0.1:9001")),
+    ev.SetGroupNodes(8.5, "g", ()),
+    ev.RegisterAgent(8.6, "n1", "10.0.0.1:9001"),
+    ev.SetJobBackend(8.7, "g", "job", "n1", {"cuda": {"explicitTarget": {"pids": [12]}}}),
+    ev.SetJobBackend(8.7, "g", "job", "", None),
+    ev.SwitchDone(8.8, "g", 4, True, (("other", "snapshot failed"),), "", 1 << 20),
+    ev.SwitchDone(8.8, "g", 4, False, error="agent n2 unreachable"),
+    ev.ResetJob(8.9, "g", "other"),
     ev.Acquire(9.0, "gröup ✓", "jöb", "1.1", "ré"),
 ]
 

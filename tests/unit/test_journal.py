@@ -40,6 +40,11 @@ EVENTS: list[ev.Event] = [
     ev.ForceRelease(6.0, "g", "a", 'ends with a quote " and a newline\n'),
     ev.Recover(7.0, 15.0),
     ev.Acquire(8.0, "gröup ✓", "jöb 🚀", "1.1"),
+    ev.SetGroupNodes(8.5, "g", ("n1", "n2")),
+    ev.RegisterAgent(8.6, "n1", "127.0.0.1:9001"),
+    ev.SetJobBackend(8.7, "g", "a", "", {"named": {"name": "noop"}}),
+    ev.SwitchDone(8.8, "g", 2, True, (("b", "snapshot op-3 failed: boom"),), "", 4096),
+    ev.ResetJob(8.9, "g", "b"),
 ]
 
 Factory = Callable[[], Journal]

@@ -21,9 +21,12 @@ from typing import Any
 
 from timeslice.agent import state as st
 from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
-from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
+from timeslice.agent.link import OrchestratorLink
+from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.serving import CallGate, GrpcServer
+from timeslice.backends._processes import pid_exists
+from timeslice.client._transport import parse_target
 from timeslice.orchestrator.state import check_id
 from timeslice.backends import (
     AcceleratorMemory,
@@ -68,12 +71,23 @@ class AgentConfig:
     operation_retention: float = 600.0
     max_message_bytes: int = 4 * MiB
     drain_timeout: float = 5.0
+    # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
+    orchestrator: str | None = None
+    # The address the orchestrator reaches this agent at (default: where it listens).
+    advertise: str | None = None
+    # Groups this node joins when it registers (beyond the orchestrator's own config).
+    groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
         if not self.node_name:
             raise InvalidArgumentError("node_name must not be empty")
+        check_id("node_name", self.node_name)
+        for target in filter(None, (self.orchestrator, self.advertise)):
+            parse_target(target)
+        for group in self.groups:
+            check_id("group", group)
         if self.operation_timeout <= 0 or self.operation_retention <= 0:
             raise InvalidArgumentError("operation timeout and retention must be positive")
 
@@ -108,6 +122,10 @@ class Agent:
         self.gate = CallGate("the agent", self.config.max_message_bytes)
         #: Set when the agent starts closing (health watchers are told).
         self.stopping = asyncio.Event()
+        #: Set after every saved change of the job table (what reports wait on).
+        self.changed = asyncio.Event()
+        self._switch_locks: dict[str, asyncio.Lock] = {}
+        self._link: OrchestratorLink | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -137,6 +155,9 @@ class Agent:
             await self._apply(st.Recover(time.time()))
             await self._listen()
             self.gate.open = True
+            if self.config.orchestrator is not None:
+                self._link = OrchestratorLink(self, self.config.orchestrator)
+                self._link.start()
         except BaseException:
             await self._shutdown()
             raise
@@ -155,6 +176,8 @@ class Agent:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        if self._link is not None:
+            await self._link.close()
         for op_id, task in list(self._tasks.items()):
             task.cancel()
             self._apply(st.Finish(time.time(), op_id, False, error="the agent shut down"))
@@ -243,6 +266,7 @@ class Agent:
                     if not done.done():
                         done.set_result(None)
                 self._rearm()
+                self.changed.set()
         finally:
             self._saver = None
 
@@ -331,6 +355,21 @@ class Agent:
         raise ConflictError(f"backend {name} is disabled on this agent")
 
     # --- what the service calls -------------------------------------------------------
+
+    def switch_lock(self, group: str) -> asyncio.Lock:
+        """Held while a switch of `group` runs: switches of one group run one at a time."""
+        return self._switch_locks.setdefault(group, asyncio.Lock())
+
+    def liveness(self, job: Job) -> str:
+        """What this node sees of the job's workload: "ALIVE" (its channel open, or
+        one of its processes running), "GONE" (all of them ended), "" (nothing to
+        watch: a job known only by a backend without processes)."""
+        if job.backend == "app_channel":
+            return "ALIVE" if self.channels.get(job.group, job.job) is not None else "GONE"
+        pids = [int(c.removeprefix("pid:")) for c in job.claims if c.startswith("pid:")]
+        if not pids:
+            return ""
+        return "ALIVE" if any(pid_exists(pid) for pid in pids) else "GONE"
 
     async def start_operation(
         self,

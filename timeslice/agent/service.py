@@ -15,12 +15,14 @@ from grpclib.exceptions import GRPCError
 
 from timeslice.agent import state as st
 from timeslice.agent.channels import Capabilities, Command, Result, WorkloadChannel
-from timeslice.agent.state import JobState, Operation, OpStatus
+from timeslice.agent.state import Job, JobState, Operation, OpStatus
+from timeslice.agent.switching import BackendChoice, SwitchStep, switch_group
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping
 from timeslice.backends import DISCARD, OFFLOAD
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+from timeslice.orchestrator.state import check_id
 
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent
@@ -80,17 +82,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         return operation_response(op)
 
     async def status(self, message: pb.StatusRequest) -> pb.StatusResponse:
-        jobs = [
-            pb.JobStatus(
-                job_id=job.job,
-                state=_JOB_STATE[job.state],
-                group=job.group,
-                backend=job.backend,
-                fault=job.fault,
-                operation_id=job.operation,
-            )
-            for job in self.agent.table.jobs.values()
-        ]
+        jobs = [job_status(job, self.agent.liveness(job)) for job in self.agent.table.jobs.values()]
         accelerators = [
             pb.AcceleratorStatus(
                 id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
@@ -100,6 +92,37 @@ class AgentService(pb.SnapshotAgentServiceBase):
         return pb.StatusResponse(
             job_statuses=jobs,
             accelerator_statuses=accelerators,
+            node_name=self.agent.config.node_name,
+        )
+
+    async def switch_group(self, message: pb.SwitchGroupRequest) -> pb.SwitchGroupResponse:
+        check_id("group", message.group)
+        if message.next_job_id:
+            check_id("next_job_id", message.next_job_id)
+        if message.timeout_ms <= 0:
+            raise InvalidArgumentError("timeout_ms must be positive")
+        jobs: dict[str, BackendChoice | None] = {}
+        for job in message.jobs:
+            check_id("job_id", job.job_id)
+            choice = None
+            if job.backend_config is not None:
+                choice = BackendChoice(*backend_of(job.backend_config, pb.Backend.UNSPECIFIED))
+            jobs[job.job_id] = choice
+        report = await switch_group(
+            self.agent,
+            message.group,
+            message.next_job_id,
+            message.fencing_token,
+            message.timeout_ms / 1000,
+            jobs,
+        )
+        return pb.SwitchGroupResponse(
+            steps=[_switch_step(step) for step in report.steps],
+            restored=report.restored,
+            next_state=_JOB_STATE[report.next_state]
+            if report.next_state
+            else pb.JobState.UNSPECIFIED,
+            faulted=[job_status(job, self.agent.liveness(job)) for job in report.faulted],
             node_name=self.agent.config.node_name,
         )
 
@@ -182,6 +205,40 @@ def backend_of(
         case pb.MemoryRegionsBackendConfig():
             raise ConflictError("the memory_regions backend is not available on this agent")
     raise InvalidArgumentError(f"unknown backend config {kind!r}")
+
+
+_LIVENESS = {"": pb.Liveness.UNSPECIFIED, "ALIVE": pb.Liveness.ALIVE, "GONE": pb.Liveness.GONE}
+
+
+def job_status(job: Job, liveness: str) -> pb.JobStatus:
+    """A job of the table as the wire shows it."""
+    return pb.JobStatus(
+        job_id=job.job,
+        state=_JOB_STATE[job.state],
+        group=job.group,
+        backend=job.backend,
+        fault=job.fault,
+        operation_id=job.operation,
+        liveness=_LIVENESS[liveness],
+    )
+
+
+def _switch_step(step: SwitchStep) -> pb.SwitchStep:
+    op = step.op
+    if op is None:
+        return pb.SwitchStep(job_id=step.job, kind=step.kind, status=pb.OperationStatus.FAILED,
+                             error=step.error)  # fmt: skip
+    answer = operation_response(op)
+    return pb.SwitchStep(
+        job_id=step.job,
+        kind=step.kind,
+        operation_id=op.op_id,
+        status=answer.status,
+        error=answer.error,
+        storage_bytes=op.storage_bytes or 0,
+        device_bytes=op.device_bytes or 0,
+        elapsed_ms=answer.elapsed_ms,
+    )
 
 
 def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:

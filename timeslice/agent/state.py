@@ -251,6 +251,7 @@ class Operation:
     storage_bytes: int | None = None
     device_bytes: int | None = None
     error: str = ""
+    token: int = 0  # the fencing token it was started with
 
 
 class JobTable:
@@ -373,7 +374,7 @@ class JobTable:
             self.tokens[e.group] = e.token
         op = Operation(
             f"op-{self.next_op}", e.kind, job.group, job.job, job.backend, dict(e.params),
-            e.now, e.now + e.timeout,
+            e.now, e.now + e.timeout, token=e.token,
         )  # fmt: skip
         self.next_op += 1
         self.operations[op.op_id] = op

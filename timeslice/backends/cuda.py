@@ -57,6 +57,7 @@ from timeslice.backends import AcceleratorMemory, BackendContext, JobRef, Moved
 from timeslice.backends import _cuda_driver as drv
 from timeslice.backends._cuda_limits import Budget, CudaTimeouts, DeviceLocks, DriverThreads
 from timeslice.backends._cuda_nvml import Nvml, Usage
+from timeslice.backends._processes import pid_exists
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
@@ -109,23 +110,6 @@ def parse_pids(config: Mapping[str, Any]) -> tuple[int, ...]:
             f"the cuda backend cannot checkpoint the agent (pid {os.getpid()})"
         )
     return tuple(pids)
-
-
-def pid_exists(pid: int) -> bool:
-    """Whether process `pid` exists (and is not a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # someone else's process: it exists
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rpartition(")")[2].split()[:1] != ["Z"]
-    except FileNotFoundError:
-        return not os.path.isdir("/proc/self")  # with /proc there: it has just exited
-    except OSError:
-        return True  # no /proc to ask: kill(0) said it exists
 
 
 class CudaBackend:

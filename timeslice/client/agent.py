@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -235,6 +235,35 @@ class AsyncSnapshotAgentClient:
             lambda timeout: stubs.agent.reset_job(request, timeout=timeout),
         )
         return ResetJobResponse(state=enum_name(response.state))
+
+    async def switch_group(
+        self,
+        group: str,
+        next_job_id: str,
+        fencing_token: int,
+        *,
+        jobs: Sequence[pb.SwitchJob] = (),
+        timeout_sec: float,
+    ) -> pb.SwitchGroupResponse:
+        """The node's part of a switch of ``group`` to ``next_job_id`` (the
+        orchestrator's call): every other live context of the group snapshotted,
+        then the next job's restored if saved. Safe to repeat, so it is retried
+        while the agent cannot be reached, within ``timeout_sec``."""
+        _check_timeout(timeout_sec)
+        stubs = self._connect()
+
+        def send(left: float) -> Awaitable[pb.SwitchGroupResponse]:
+            request = pb.SwitchGroupRequest(
+                group=group,
+                next_job_id=next_job_id,
+                fencing_token=fencing_token,
+                timeout_ms=max(1, round(left * 1000)),
+                jobs=list(jobs),
+            )
+            # The agent answers by its deadline; the call's own outlasts it a little.
+            return stubs.agent.switch_group(request, timeout=left + _WAIT_BACKSTOP_SEC)
+
+        return await self._read(f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send)
 
     async def wait_for_operation(
         self,

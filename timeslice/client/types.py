@@ -50,6 +50,9 @@ class WatchEventKind(str, Enum):
     LEFT_QUEUE = "LEFT_QUEUE"
     REVOKED = "REVOKED"
     YIELD_REQUESTED = "YIELD_REQUESTED"
+    SWITCH_STARTED = "SWITCH_STARTED"
+    QUARANTINED = "QUARANTINED"
+    RESET = "RESET"
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,10 @@ class GroupStatus:
     fencing_token: int = 0
     waiting_jobs: tuple[str, ...] = ()
     epoch: int = 0
+    # Jobs that may not hold the group until an operator resets them: job -> why.
+    quarantined_jobs: dict[str, str] = field(default_factory=dict)
+    # The nodes (agents) the group spans.
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,9 @@ class WatchEvent:
     fencing_token: int
     reason: str
     status: GroupStatus | None
+    # For GRANTED: whether the job's context was restored, and what the switch moved.
+    context_restored: bool = False
+    switch_bytes: int = 0
 
 
 def _enum_by_name(cls: type[E], value: object, default: E) -> E:
@@ -189,6 +199,8 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
         fencing_token=message.fencing_token,
         waiting_jobs=tuple(message.waiting_jobs),
         epoch=message.epoch,
+        quarantined_jobs={q.job_id: q.reason for q in message.quarantined_jobs},
+        nodes=tuple(message.nodes),
     )
 
 
@@ -239,4 +251,6 @@ def watch_event(message: pb.WatchEvent) -> WatchEvent:
         fencing_token=message.fencing_token,
         reason=message.reason,
         status=group_status(message.status) if message.status is not None else None,
+        context_restored=message.context_restored,
+        switch_bytes=message.switch_bytes,
     )

@@ -1,8 +1,11 @@
 """The orchestrator's view of the agents on its groups' nodes.
 
-A group names the agents of the nodes it spans (`OrchestratorConfig.group_nodes`).
-`GetGroupStatus` reports what each of them says of the group's jobs, and the
-group as STATE_UNKNOWN when one of them cannot be reached.
+A group names the nodes it spans (configured, set through `SetGroupNodes`, or
+joined by agents when they register). `GetGroupStatus` reports what each agent
+says of the group's jobs, and the group as STATE_UNKNOWN when one of them cannot
+be reached. Agents that keep a session with the orchestrator report their jobs'
+liveness (workload channel open, processes running), kept here in memory: a
+restarted orchestrator hears it again as soon as they reconnect.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.client.agent_types import StatusResponse
+from timeslice.errors import ConflictError, NotFoundError
 
 # How long a status question to one agent may take before it counts as unreachable.
 STATUS_TIMEOUT = 1.0
@@ -28,11 +32,62 @@ class AgentJobView:
 
 
 class AgentDirectory:
-    """One client per agent address, made when first needed."""
+    """One client per agent address, made when first needed, and what the agents
+    in session report."""
 
     def __init__(self, timeout: float = STATUS_TIMEOUT) -> None:
         self.timeout = timeout
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
+        # Node name -> address, and the liveness of its jobs by (group, job), for
+        # every agent in session now.
+        self.addresses: dict[str, str] = {}
+        self._liveness: dict[str, dict[tuple[str, str], str]] = {}
+        self._sessions: dict[str, object] = {}
+        self._arrived = asyncio.Event()
+
+    def reported(
+        self, session: object, node: str, address: str, liveness: dict[tuple[str, str], str]
+    ) -> None:
+        """An agent in `session` reported its jobs."""
+        self._sessions[node] = session
+        self.addresses[node] = address
+        self._liveness[node] = liveness
+        self._arrived.set()
+        self._arrived = asyncio.Event()
+
+    def left(self, session: object, node: str) -> None:
+        """An agent's `session` ended: what it said is no longer known (unless a newer
+        session of the same node took over)."""
+        if self._sessions.get(node) is session:
+            del self._sessions[node]
+            self.addresses.pop(node, None)
+            self._liveness.pop(node, None)
+
+    async def reset(self, group: str, job: str, addresses: Sequence[str]) -> None:
+        """Clear the job's fault on every one of these agents that has it faulted."""
+
+        async def reset_one(address: str) -> None:
+            try:
+                await self.client(address).reset_job(job, group)
+            except (NotFoundError, ConflictError):
+                pass  # not known there, or not faulted
+
+        await asyncio.gather(*(reset_one(address) for address in addresses))
+
+    def liveness(self, node: str, group: str, job: str) -> str:
+        """What the agent of `node` (a node name or its address) last said of the job:
+        "ALIVE", "GONE", or "" (no signal, or no agent in session)."""
+        if node not in self._liveness:
+            node = next((n for n, a in self.addresses.items() if a == node), node)
+        seen = self._liveness.get(node, {})
+        return seen.get((group, job)) or seen.get(("", job), "")
+
+    async def arrival(self, timeout: float) -> None:
+        """Return when the next agent reports, or after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def client(self, address: str) -> AsyncSnapshotAgentClient:
         """The client of the agent at `address`."""

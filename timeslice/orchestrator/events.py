@@ -122,6 +122,62 @@ class SetPolicy:
 
 
 @dataclass(frozen=True)
+class SetGroupNodes:
+    """Names the nodes (agents) `group` spans: a grant on it first switches the
+    contexts on every one of them."""
+
+    now: float
+    group: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RegisterAgent:
+    """The agent of `node` is reached at `address`."""
+
+    now: float
+    node: str
+    address: str
+
+
+@dataclass(frozen=True)
+class SetJobBackend:
+    """The backend `job`'s contexts need on `group`'s nodes (on `node` only, when
+    set); sent to the agents with every switch. `backend` None forgets it."""
+
+    now: float
+    group: str
+    job: str
+    node: str
+    backend: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SwitchDone:
+    """The agents finished the switch that grant `token` started: every other live
+    context of the group is saved and the holder's is live (`restored` when a
+    restore brought it back), or the switch failed (`error`). `faults` are the
+    jobs the agents quarantined on the way, with why."""
+
+    now: float
+    group: str
+    token: int
+    restored: bool
+    faults: tuple[tuple[str, str], ...] = ()
+    error: str = ""
+    moved_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ResetJob:
+    """An operator lifts `job`'s quarantine on `group`."""
+
+    now: float
+    group: str
+    job: str
+
+
+@dataclass(frozen=True)
 class Recover:
     """The orchestrator started on this journal: a new epoch. Holders get a fresh
     lease; queued jobs and unclaimed grants must be claimed again within `grace`."""
@@ -140,6 +196,11 @@ Event = (
     | SetHoldLimit
     | SetPolicy
     | RequestYield
+    | SetGroupNodes
+    | RegisterAgent
+    | SetJobBackend
+    | SwitchDone
+    | ResetJob
     | Recover
 )
 
@@ -155,6 +216,11 @@ EVENT_TYPES: Final[dict[str, type[Any]]] = {
         SetHoldLimit,
         SetPolicy,
         RequestYield,
+        SetGroupNodes,
+        RegisterAgent,
+        SetJobBackend,
+        SwitchDone,
+        ResetJob,
         Recover,
     )
 }
@@ -171,6 +237,10 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     cls = EVENT_TYPES.get(fields.pop("kind", ""))
     if cls is None:
         raise ValueError(f"unknown event kind in {data!r}")
+    # JSON has no tuples: give the tuple fields back their type.
+    for name in ("nodes", "faults"):
+        if name in fields:
+            fields[name] = tuple(tuple(f) if isinstance(f, list) else f for f in fields[name])
     event: Event = cls(**fields)
     return event
 
@@ -204,6 +274,7 @@ class Granted:
     waited: float
     context_restored: bool
     must_deliver: bool = True
+    switch_bytes: int = 0  # what the switch before this grant moved, on all nodes
 
 
 @dataclass(frozen=True)
@@ -249,12 +320,14 @@ class Yielded:
 
 @dataclass(frozen=True)
 class Revoked:
-    """`job` lost `group` without yielding."""
+    """`job` lost `group` without yielding; its call `call_id` fails if it still
+    waits (a grant whose switch failed)."""
 
     group: str
     job: str
     token: int
     reason: str
+    call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -278,8 +351,46 @@ class YieldRequested:
     revoke_at: float
 
 
+@dataclass(frozen=True)
+class SwitchStarted:
+    """Grant `token` of `group` goes to `job` once the agents have switched the
+    contexts: `previous` was the live one (as far as the table knows)."""
+
+    group: str
+    job: str
+    token: int
+    previous: str
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """`job` failed on `group`'s accelerators: it may not hold it until reset."""
+
+    group: str
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobReset:
+    """An operator lifted `job`'s quarantine on `group`."""
+
+    group: str
+    job: str
+
+
 Effect = (
-    Granted | Queued | LeftQueue | Superseded | Yielded | Revoked | LeaseRenewed | YieldRequested
+    Granted
+    | Queued
+    | LeftQueue
+    | Superseded
+    | Yielded
+    | Revoked
+    | LeaseRenewed
+    | YieldRequested
+    | SwitchStarted
+    | Quarantined
+    | JobReset
 )
 
 # Reasons, as the wire and the journal spell them.
@@ -290,6 +401,8 @@ REASON_LEASE_EXPIRED: Final = "lease expired"
 REASON_HOLD_LIMIT: Final = "hold limit reached"
 REASON_NOT_DELIVERED: Final = "grant not delivered"
 REASON_OPERATOR: Final = "released by operator"
+REASON_QUARANTINED: Final = "quarantined"
+REASON_HOLDER_GONE: Final = "the holder's workload is gone"
 
 # How a group picks its next holder.
 POLICY_FIFO: Final = "fifo"

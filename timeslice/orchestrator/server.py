@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -37,8 +37,9 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
 from timeslice.client._transport import parse_target
 from timeslice.orchestrator.agents import AgentDirectory
+from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import Journal, open_journal
-from timeslice.orchestrator.state import Group, LockTable, check_id
+from timeslice.orchestrator.state import Group, LockTable, check_id, check_node
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,12 @@ class OrchestratorConfig:
     policy: str = "fifo"
     policies: Mapping[str, str] = field(default_factory=dict)
     priority_aging: float = 60.0
-    # The agents (HOST:PORT) of the nodes each group spans; GetGroupStatus reports
-    # what they say of the group's jobs.
+    # The nodes each group spans: node names of agents that register themselves,
+    # or agent addresses (HOST:PORT). A grant on such a group first switches the
+    # contexts on all of them; GetGroupStatus reports what their agents say.
     group_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The longest a switch (every node's snapshots and restore) may take.
+    switch_timeout: float = 120.0
     # After a start, how long queued jobs and unclaimed grants wait for their client.
     recovery_grace: float = 30.0
     # A snapshot of the table every this many journaled events.
@@ -96,8 +100,10 @@ class OrchestratorConfig:
             raise InvalidArgumentError("priority_aging must be positive")
         for group, nodes in self.group_nodes.items():
             check_id("group_id", group)
-            for address in nodes:
-                parse_target(address)
+            for node in nodes:
+                check_node(node)
+        if not self.switch_timeout > 0:
+            raise InvalidArgumentError("switch_timeout must be positive")
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,8 @@ class Orchestrator:
         self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
         self.gate = CallGate("the orchestrator", self.config.max_message_bytes)
         self.agents = AgentDirectory()
+        self.handoff = HandoffDriver(self, self.config.switch_timeout)
+        self._closing = asyncio.Event()
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
         #: Why the orchestrator stopped on its own (a journal write failed), if it did.
@@ -172,6 +180,7 @@ class Orchestrator:
         if self._state == "closed":
             return
         self._state = "closed"
+        self._closing.set()
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(UnavailableError("the orchestrator is shutting down; retry"))
@@ -181,6 +190,8 @@ class Orchestrator:
 
     async def _shutdown(self) -> None:
         self._state = "closed"
+        self._closing.set()
+        await self.handoff.close()
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._end_watches()
@@ -236,12 +247,21 @@ class Orchestrator:
                 limit,
                 grace,
             ):
-                self._apply(ev.SetHoldLimit(now, group, limit, grace))
+                self.apply(ev.SetHoldLimit(now, group, limit, grace))
         policies = {"": self.config.policy, **self.config.policies}
         for group, policy in policies.items():
             if self.table.policies.get(group) != (policy, self.config.priority_aging):
-                self._apply(ev.SetPolicy(now, group, policy, self.config.priority_aging))
-        await self._apply(ev.Recover(now, self.config.recovery_grace))
+                self.apply(ev.SetPolicy(now, group, policy, self.config.priority_aging))
+        for group, configured in self.config.group_nodes.items():
+            known = self.table.nodes.get(group, ())
+            if missing := [node for node in configured if node not in known]:
+                self.apply(ev.SetGroupNodes(now, group, (*known, *missing)))
+        await self.apply(ev.Recover(now, self.config.recovery_grace))
+        # Switches the journal says were under way: the agents know how far each
+        # got; running it again finishes it.
+        for g in self.table.groups.values():
+            if g.holder is not None and g.holder.switching:
+                self.handoff.start(ev.SwitchStarted(g.name, g.holder.job, g.holder.token, ""))
 
     async def _listen(self) -> None:
         from timeslice.orchestrator.service import OrchestratorService
@@ -251,7 +271,7 @@ class Orchestrator:
 
     # --- the engine: handle, journal, act ---------------------------------------------
 
-    def _apply(self, event: Event) -> asyncio.Future[list[Effect]]:
+    def apply(self, event: Event) -> asyncio.Future[list[Effect]]:
         """Handle `event` now; the future resolves once it is durable and acted on.
         Raises (leaving everything unchanged) if the table refuses the event."""
         if self.failure is not None:
@@ -259,7 +279,8 @@ class Orchestrator:
         effects = self.table.handle(event)
         done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
         if isinstance(event, ev.KeepAlive) or (
-            isinstance(event, ev.DropWaiter | ev.Revoke | ev.RequestYield) and not effects
+            isinstance(event, ev.DropWaiter | ev.Revoke | ev.RequestYield | ev.SwitchDone)
+            and not effects
         ):
             self._act(effects)
             done.set_result(effects)
@@ -329,14 +350,22 @@ class Orchestrator:
                             ev.REASON_NOT_DELIVERED,
                             effect.call_id,
                         )
-                        self._apply(revoke)
+                        self.apply(revoke)
+                    self._check_holder(effect.group)
                 case ev.LeftQueue():
-                    error: TimeSliceError = (
-                        DeadlineExceededError(f"not granted {effect.group} in time")
-                        if effect.reason == ev.REASON_WAIT_TIMEOUT
-                        else CancelledError(f"left the queue of {effect.group}: {effect.reason}")
-                    )
+                    error: TimeSliceError
+                    if effect.reason == ev.REASON_WAIT_TIMEOUT:
+                        error = DeadlineExceededError(f"not granted {effect.group} in time")
+                    elif effect.reason.startswith(ev.REASON_QUARANTINED):
+                        error = ConflictError(f"job {effect.job} is {effect.reason}")
+                    else:
+                        error = CancelledError(f"left the queue of {effect.group}: {effect.reason}")
                     self._fail_call(effect.call_id, error)
+                case ev.Revoked(call_id=call_id) if call_id:
+                    # A grant whose switch failed: its Acquire is still waiting.
+                    self._fail_call(call_id, ConflictError(f"{effect.group}: {effect.reason}"))
+                case ev.SwitchStarted():
+                    self.handoff.start(effect)
                 case ev.Superseded():
                     self._fail_call(
                         effect.call_id,
@@ -350,6 +379,8 @@ class Orchestrator:
                     | ev.Revoked()
                     | ev.LeaseRenewed()
                     | ev.YieldRequested()
+                    | ev.Quarantined()
+                    | ev.JobReset()
                 ):
                     pass  # answered by their calls, or only told to watchers
                 case _:
@@ -379,7 +410,7 @@ class Orchestrator:
             return
         now = time.time()
         while (event := self.table.due(now)) is not None:
-            self._apply(event)
+            self.apply(event)
         self._rearm()
 
     def _end_watches(self) -> None:
@@ -401,7 +432,111 @@ class Orchestrator:
                     queue.get_nowait()  # make room for the end marker
                     queue.put_nowait(None)
 
+    # --- agents and the switch ----------------------------------------------------------
+
+    def agent_address_now(self, node: str) -> str | None:
+        """Where the agent of `node` is reached: as it registered, or `node` itself
+        when it is an address (HOST:PORT). None: not known yet."""
+        address = self.agents.addresses.get(node) or self.table.agents.get(node)
+        if address is not None:
+            return address
+        try:
+            parse_target(node)
+        except InvalidArgumentError:
+            return None
+        return node
+
+    async def agent_address(self, node: str, deadline: float) -> str | None:
+        """`agent_address_now`, waiting until `deadline` for the agent to register."""
+        while (address := self.agent_address_now(node)) is None:
+            left = deadline - time.time()
+            if left <= 0 or self._state == "closed":
+                return None
+            await self.agents.arrival(left)
+        return address
+
+    def agent_reported(
+        self,
+        session: object,
+        node: str,
+        address: str,
+        groups: list[str],
+        liveness: dict[tuple[str, str], str],
+    ) -> None:
+        """An agent in session reported: register it (journaled when new), join the
+        groups it names, and revoke holders whose every workload is gone."""
+        check_node(node)
+        parse_target(address)
+        now = time.time()
+        if self.table.agents.get(node) != address:
+            self.apply(ev.RegisterAgent(now, node, address))
+        for group in groups:
+            known = self.table.nodes.get(group, ())
+            if node not in known:
+                self.apply(ev.SetGroupNodes(now, group, (*known, node)))
+        self.agents.reported(session, node, address, liveness)
+        for group, nodes in self.table.nodes.items():
+            if node in nodes or address in nodes:
+                self._check_holder(group)
+
+    def agent_left(self, session: object, node: str) -> None:
+        """An agent's session ended."""
+        self.agents.left(session, node)
+
+    def _check_holder(self, group: str) -> None:
+        """Revoke the holder of `group` when the agents saw its workload, and every one
+        of them now says it is gone. A holder nobody sees (a job without a
+        registered workload) is never revoked this way."""
+        g = self.table.groups.get(group)
+        h = g.holder if g is not None else None
+        if h is None or h.switching or self._state != "serving":
+            return
+        seen = {
+            self.agents.liveness(node, group, h.job) for node in self.table.nodes.get(group, ())
+        }
+        if "GONE" in seen and "ALIVE" not in seen:
+            log.info("%s: the workload of holder %s is gone; revoking", group, h.job)
+            self.apply(ev.Revoke(time.time(), group, h.token, ev.REASON_HOLDER_GONE))
+
+    def group_agents(self, group: str) -> list[tuple[str, str | None]]:
+        """(node, address or None) for every node of `group`."""
+        return [(node, self.agent_address_now(node)) for node in self.table.nodes.get(group, ())]
+
+    async def until_closed(self, items: AsyncIterator[_T]) -> AsyncIterator[_T]:
+        """`items`, until they end or the orchestrator starts closing."""
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while True:
+                item = asyncio.ensure_future(anext(items, None))
+                await asyncio.wait({item, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    await asyncio.gather(item, return_exceptions=True)
+                    return
+                if (value := item.result()) is None:
+                    return
+                yield value
+        finally:
+            closing.cancel()
+
     # --- what the service calls -------------------------------------------------------
+
+    async def set_group_nodes(self, group: str, nodes: tuple[str, ...]) -> None:
+        """Name the nodes `group` spans (empty: none)."""
+        await self.apply(ev.SetGroupNodes(time.time(), group, nodes))
+
+    async def register_job(
+        self, group: str, job: str, node: str, backend: dict[str, Any] | None
+    ) -> None:
+        """Record the backend `job`'s contexts need on `group` (on `node` only, when set)."""
+        await self.apply(ev.SetJobBackend(time.time(), group, job, node, backend))
+
+    async def reset_job(self, group: str, job: str) -> bool:
+        """Lift `job`'s quarantine on `group`, and clear its fault on the group's agents.
+        True if the orchestrator had it quarantined."""
+        effects = await self.apply(ev.ResetJob(time.time(), group, job))
+        await self.agents.reset(group, job, [a for _, a in self.group_agents(group) if a])
+        return bool(effects)
 
     async def acquire(
         self,
@@ -423,7 +558,7 @@ class Orchestrator:
         deadline = now + wait_timeout if wait_timeout is not None else None
         try:
             await asyncio.shield(
-                self._apply(
+                self.apply(
                     ev.Acquire(now, group, job, call_id, request_id, lease_ttl, deadline, priority)
                 )
             )
@@ -445,25 +580,25 @@ class Orchestrator:
         if granted.done() and not granted.cancelled() and granted.exception() is None:
             grant = granted.result()
             if grant.must_deliver:
-                self._apply(ev.Revoke(now, group, grant.token, ev.REASON_NOT_DELIVERED, call_id))
+                self.apply(ev.Revoke(now, group, grant.token, ev.REASON_NOT_DELIVERED, call_id))
         else:
-            self._apply(ev.DropWaiter(now, group, job, call_id, ev.REASON_CANCELLED))
+            self.apply(ev.DropWaiter(now, group, job, call_id, ev.REASON_CANCELLED))
 
     async def yield_(
         self, group: str, job: str, *, request_id: str = "", token: int | None = None
     ) -> ev.Yielded:
         """Release `group`, held by `job`."""
-        effects = await self._apply(ev.Yield(time.time(), group, job, request_id, token))
+        effects = await self.apply(ev.Yield(time.time(), group, job, request_id, token))
         return _first(effects, ev.Yielded)
 
     async def keep_alive(self, group: str, job: str, lease_id: str) -> ev.LeaseRenewed:
         """Renew the holder's lease."""
-        effects = await self._apply(ev.KeepAlive(time.time(), group, job, lease_id))
+        effects = await self.apply(ev.KeepAlive(time.time(), group, job, lease_id))
         return _first(effects, ev.LeaseRenewed)
 
     async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]:
         """Take `group` away from its holder (operator action)."""
-        return await self._apply(ev.ForceRelease(time.time(), group, job, reason))
+        return await self.apply(ev.ForceRelease(time.time(), group, job, reason))
 
     def group(self, name: str) -> Group:
         """The group named `name`, read-only."""

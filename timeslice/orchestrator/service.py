@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import grpclib.const
 
+from timeslice.agent.service import backend_of
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping
 from timeslice.errors import InvalidArgumentError
@@ -27,6 +29,9 @@ _STATE = {
     GroupState.LOCKED: pb.GroupStatusState.LOCKED,
     GroupState.SWITCHING: pb.GroupStatusState.SWITCHING,
 }
+
+
+_LIVENESS = {apb.Liveness.ALIVE: "ALIVE", apb.Liveness.GONE: "GONE"}
 
 
 class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
@@ -74,11 +79,12 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     ) -> pb.GetGroupStatusResponse:
         check_id("group_id", message.group_id)
         status = self._status(self.orch.group(message.group_id))
-        nodes = self.orch.config.group_nodes.get(message.group_id, ())
+        nodes = self.orch.group_agents(message.group_id)
         if not nodes:
             return pb.GetGroupStatusResponse(group=status)
-        views, everyone = await self.orch.agents.job_states(message.group_id, nodes)
-        if not everyone:
+        addresses = [address for _, address in nodes if address is not None]
+        views, everyone = await self.orch.agents.job_states(message.group_id, addresses)
+        if not everyone or len(addresses) < len(nodes):
             status.group_state = pb.GroupStatusState.UNKNOWN
         states = [
             pb.SnapshotAgentJobState(
@@ -123,6 +129,40 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             released_job_id=revoked.job, next_job_id=granted.job if granted else ""
         )
 
+    async def register_job(self, message: pb.RegisterJobRequest) -> pb.RegisterJobResponse:
+        backend = message.backend_config
+        if backend is not None:
+            backend_of(backend, apb.Backend.UNSPECIFIED)  # refuses what no agent would take
+        await self.orch.register_job(
+            message.group_id,
+            message.job_id,
+            message.node,
+            backend.to_dict() if backend is not None else None,
+        )
+        return pb.RegisterJobResponse()
+
+    async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
+        was = await self.orch.reset_job(message.group_id, message.job_id)
+        return pb.ResetJobResponse(was_quarantined=was)
+
+    async def set_group_nodes(self, message: pb.SetGroupNodesRequest) -> pb.SetGroupNodesResponse:
+        await self.orch.set_group_nodes(message.group_id, tuple(message.nodes))
+        return pb.SetGroupNodesResponse()
+
+    async def agent_session(self, messages: AsyncIterator[pb.AgentReport]) -> pb.AgentSessionEnd:
+        session, node = object(), ""
+        try:
+            async for report in self.orch.until_closed(messages):
+                liveness = {(j.group, j.job_id): _LIVENESS.get(j.liveness, "") for j in report.jobs}
+                self.orch.agent_reported(
+                    session, report.node_name, report.address, list(report.groups), liveness
+                )
+                node = report.node_name
+        finally:
+            if node:
+                self.orch.agent_left(session, node)
+        return pb.AgentSessionEnd()
+
     # --- encoding ---------------------------------------------------------------------
 
     def _status(self, g: Group) -> pb.GroupStatus:
@@ -138,15 +178,27 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             waiting_jobs=list(g.queue),
             holder_lease=_lease(g.holder.lease) if g.holder else None,
             epoch=self.orch.table.epoch,
+            quarantined_jobs=[
+                pb.QuarantinedJob(job_id=job, reason=why) for job, why in g.quarantined.items()
+            ],
+            nodes=list(self.orch.table.nodes.get(g.name, ())),
         )
 
     def _watch_event(self, notice: Notice) -> pb.WatchEvent | None:
         effect = notice.effect
+        restored, moved = False, 0
         match effect:
             case ev.Queued():
                 kind, token, reason = pb.WatchEventKind.QUEUED, 0, ""
-            case ev.Granted(token=token):
+            case ev.Granted(token=token, context_restored=restored, switch_bytes=moved):
                 kind, reason = pb.WatchEventKind.GRANTED, ""
+            case ev.SwitchStarted(token=token, previous=previous):
+                kind = pb.WatchEventKind.SWITCH_STARTED
+                reason = f"switching from {previous}" if previous else ""
+            case ev.Quarantined(reason=reason):
+                kind, token = pb.WatchEventKind.QUARANTINED, 0
+            case ev.JobReset():
+                kind, token, reason = pb.WatchEventKind.RESET, 0, ""
             case ev.Yielded(token=token):
                 kind, reason = pb.WatchEventKind.YIELDED, ""
             case ev.LeftQueue(reason=reason):
@@ -168,6 +220,8 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             fencing_token=token,
             reason=reason,
             status=self._status(group) if group else None,
+            context_restored=restored,
+            switch_bytes=moved,
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

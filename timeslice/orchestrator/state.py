@@ -10,17 +10,28 @@ A group's state is derived from its holder and its active job:
     LOCKED         `holder` holds it
     IDLE_YIELDED   nobody holds it; the last holder's context is still live,
                    so that job's next Acquire costs nothing
+    SWITCHING      `holder` is granted, but the group spans nodes and their agents
+                   are still moving the contexts: the grant is announced (and its
+                   lease starts) only at `SwitchDone`
 
 Transitions (per group; `h` the holder, `j` another job):
 
     state            event                 next state         effects
     IDLE             Acquire(j)            LOCKED(j)          Granted
     IDLE_YIELDED(h)  Acquire(j)            LOCKED(j)          Granted
+      ... on a group with nodes, unless j's context is the one loaded:
+                                           SWITCHING(j)       SwitchStarted
+    SWITCHING(j)     SwitchDone(ok)        LOCKED(j)          Granted
+    SWITCHING(j)     SwitchDone(failed)    as for Revoke      Revoked (j's call fails)
     LOCKED(h)        Acquire(h)            LOCKED(h)          Granted (same token: re-entrant)
     LOCKED(h)        Acquire(j)            LOCKED(h)          Queued (or the waiter re-attached)
     LOCKED(h)        Yield(h)              LOCKED(next)       Yielded, Granted(next)
                                            | IDLE_YIELDED(h)  Yielded(snapshot_deferred)
     LOCKED(h)        Revoke, ForceRelease  as for Yield       Revoked, Granted(next)
+    any              SwitchDone(faults)    (jobs quarantined) Quarantined; a quarantined
+                                                              job may not Acquire, and
+                                                              leaves the queue
+    any              ResetJob(j)           (j released)       JobReset
     any              DropWaiter(j)         unchanged          LeftQueue
     any              KeepAlive(h)          unchanged          LeaseRenewed
     any              Recover               unchanged          (new epoch, fresh leases)
@@ -40,12 +51,16 @@ from __future__ import annotations
 
 import enum
 import heapq
+import re
 import unicodedata
 from collections import OrderedDict
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from timeslice.client._transport import parse_target
 from timeslice.errors import (
+    ConflictError,
     DeadlineExceededError,
     InvalidArgumentError,
     LeaseLostError,
@@ -84,6 +99,8 @@ class Holder:
     claim_deadline: float | None  # an unclaimed grant is revoked then
     previous_job: str = ""  # the active job before this grant, restored if it is never taken
     yield_requested: bool = False  # it reached its hold limit and was asked to yield
+    switching: bool = False  # the agents are still moving contexts for this grant
+    queued_at: float = 0.0  # when its Acquire began waiting
 
     @property
     def lease(self) -> ev.LeaseInfo:
@@ -117,11 +134,13 @@ class Group:
     loaded_job: str = ""
     # When each job was last granted the group: what least-recently-served goes by.
     last_served: dict[str, float] = field(default_factory=dict)
+    # Jobs that failed on the group's accelerators, with why, until an operator resets them.
+    quarantined: dict[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> GroupState:
         if self.holder is not None:
-            return GroupState.LOCKED
+            return GroupState.SWITCHING if self.holder.switching else GroupState.LOCKED
         return GroupState.IDLE_YIELDED if self.active_job else GroupState.IDLE
 
     def position(self, job: str) -> int:
@@ -151,6 +170,13 @@ class LockTable:
         self.hold_graces: dict[str, float] = {}
         # (policy, aging) per group name, likewise; FIFO when none is set.
         self.policies: dict[str, tuple[str, float]] = {}
+        # The nodes each group spans, and where each node's agent is reached.
+        self.nodes: dict[str, tuple[str, ...]] = {}
+        self.agents: dict[str, str] = {}
+        # Per group, job and node ("" every node): the backend config the job registered.
+        self.job_backends: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        # How long after a start a grant nobody has claimed is kept (from `Recover`).
+        self.claim_grace = 30.0
         self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
         # (deadline, group, key): a lazy heap; stale entries are skipped when met.
         self._timers: list[tuple[float, str, str]] = []
@@ -179,6 +205,16 @@ class LockTable:
                 return self._set_policy(event)
             case ev.RequestYield():
                 return self._request_yield(event)
+            case ev.SetGroupNodes():
+                return self._set_group_nodes(event)
+            case ev.RegisterAgent():
+                return self._register_agent(event)
+            case ev.SetJobBackend():
+                return self._set_job_backend(event)
+            case ev.SwitchDone():
+                return self._switch_done(event)
+            case ev.ResetJob():
+                return self._reset_job(event)
             case ev.Recover():
                 return self._recover(event)
         raise TypeError(f"not an event: {event!r}")
@@ -196,6 +232,11 @@ class LockTable:
         ):
             raise LeaseLostError(
                 f"the grant made for request {e.request_id} (token {earlier.token}) has ended"
+            )
+        if (why := g.quarantined.get(e.job)) is not None:
+            raise ConflictError(
+                f"job {e.job} is quarantined on group {e.group} ({why}); an operator must"
+                " reset it first"
             )
         if h is not None and h.job == e.job:
             return self._reenter(g, h, e)
@@ -222,8 +263,10 @@ class LockTable:
             effects.append(ev.Superseded(g.name, h.job, h.call_id))
         unclaimed = h.claim_deadline is not None
         h.call_id, h.claim_deadline, h.lease_ttl = e.call_id, None, e.lease_ttl
-        h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
         self._remember(e.request_id, _AcquireOutcome(g.name, h.job, h.token))
+        if h.switching:
+            return effects  # answered when the switch is done
+        h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
         self._arm_holder(g)
         granted = ev.Granted(g.name, h.job, e.call_id, h.token, h.lease, 0.0, False, unclaimed)
         return [*effects, granted]
@@ -252,6 +295,8 @@ class LockTable:
         if h is None or h.job != e.job:
             holder = h.job if h else "nobody"
             raise NotHolderError(f"job {e.job} does not hold group {e.group} ({holder} does)")
+        if h.switching:
+            raise NotHolderError(f"job {e.job} is not granted {e.group} yet: its switch runs")
         waiting = len(g.queue)
         g.holder = None
         granted = self._grant_next(g, e.now)
@@ -263,7 +308,7 @@ class LockTable:
     def _keep_alive(self, e: ev.KeepAlive) -> list[Effect]:
         g = self._existing(e.group)
         h = g.holder
-        if h is None or h.job != e.job or h.lease.lease_id != e.lease_id:
+        if h is None or h.job != e.job or h.lease.lease_id != e.lease_id or h.switching:
             raise LeaseLostError(f"lease {e.lease_id} of job {e.job} on {e.group} is not current")
         h.claim_deadline = None
         if h.lease_ttl:
@@ -336,10 +381,14 @@ class LockTable:
 
     def _recover(self, e: ev.Recover) -> list[Effect]:
         self.epoch += 1
+        self.claim_grace = e.grace
         for g in self.groups.values():
             if (h := g.holder) is not None:
                 h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
-                if h.claim_deadline is not None:
+                if h.switching:
+                    # Nobody was told of this grant; the shell runs its switch again.
+                    h.call_id = ""
+                if h.claim_deadline is not None or h.switching:
                     h.claim_deadline = e.now + e.grace
                 self._arm_holder(g)
             for w in g.queue.values():
@@ -350,13 +399,15 @@ class LockTable:
     # --- grants -----------------------------------------------------------------------
 
     def _grant(self, g: Group, w: Waiter, now: float) -> list[Effect]:
-        # The handoff seam: a group whose accelerators are managed by agents moves
-        # the previous context out and this one in before the grant. Groups here
-        # have no agents, so the context is live at once and nothing is restored.
+        # A group that spans nodes first has its agents move the other contexts out
+        # and this job's in (SWITCHING); the grant is announced at `SwitchDone`.
+        # Without nodes, or when this job's context is the one loaded, it is live
+        # at once and nothing is restored.
         g.token += 1
         g.last_served[w.job] = now
         previous = g.active_job
-        g.active_job = g.loaded_job = w.job
+        switching = bool(self.nodes.get(g.name)) and w.job != g.loaded_job
+        g.active_job = w.job
         g.state_since = now
         g.holder = Holder(
             job=w.job,
@@ -368,10 +419,89 @@ class LockTable:
             expires_at=now + w.lease_ttl if w.lease_ttl else None,
             claim_deadline=None if w.call_id else w.reclaim_deadline,
             previous_job=previous,
+            switching=switching,
+            queued_at=w.since,
         )
         self._remember(w.request_id, _AcquireOutcome(g.name, w.job, g.token))
+        if switching:
+            return [ev.SwitchStarted(g.name, w.job, g.token, g.loaded_job)]
+        g.loaded_job = w.job
         self._arm_holder(g)
         return [ev.Granted(g.name, w.job, w.call_id, g.token, g.holder.lease, now - w.since, False)]
+
+    def _switch_done(self, e: ev.SwitchDone) -> list[Effect]:
+        g = self.groups.get(e.group)
+        h = g.holder if g else None
+        if g is None or h is None or h.token != e.token or not h.switching:
+            return []  # that grant ended already
+        effects = self._quarantine(g, e.faults)
+        if e.error or h.job in g.quarantined:
+            why = e.error or g.quarantined[h.job]
+            g.loaded_job = ""  # where the contexts are is not known: the next grant switches
+            return [*effects, *self._end_grant(g, h, f"switch failed: {why}", e.now)]
+        h.switching, h.granted_at = False, e.now
+        h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
+        if not h.call_id:
+            h.claim_deadline = e.now + self.claim_grace
+        g.loaded_job, g.state_since = h.job, e.now
+        self._arm_holder(g)
+        granted = ev.Granted(g.name, h.job, h.call_id, h.token, h.lease, e.now - h.queued_at,
+                             e.restored, switch_bytes=e.moved_bytes)  # fmt: skip
+        return [*effects, granted]
+
+    def _quarantine(self, g: Group, faults: tuple[tuple[str, str], ...]) -> list[Effect]:
+        effects: list[Effect] = []
+        for job, reason in faults:
+            if job in g.quarantined:
+                continue
+            g.quarantined[job] = reason
+            effects.append(ev.Quarantined(g.name, job, reason))
+            if (w := g.queue.pop(job, None)) is not None:
+                why = f"{ev.REASON_QUARANTINED}: {reason}"
+                effects.append(ev.LeftQueue(g.name, job, w.call_id, why))
+        return effects
+
+    def _reset_job(self, e: ev.ResetJob) -> list[Effect]:
+        g = self._existing(e.group)
+        check_id("job_id", e.job)
+        if g.quarantined.pop(e.job, None) is None:
+            return []
+        return [ev.JobReset(g.name, e.job)]
+
+    def _set_group_nodes(self, e: ev.SetGroupNodes) -> list[Effect]:
+        check_id("group_id", e.group)
+        for node in e.nodes:
+            check_node(node)
+        if len(set(e.nodes)) != len(e.nodes):
+            raise InvalidArgumentError(f"group {e.group} names a node twice: {list(e.nodes)}")
+        if e.nodes:
+            self.nodes[e.group] = tuple(e.nodes)
+        else:
+            self.nodes.pop(e.group, None)
+        return []
+
+    def _register_agent(self, e: ev.RegisterAgent) -> list[Effect]:
+        check_node(e.node)
+        parse_target(e.address)
+        self.agents[e.node] = e.address
+        return []
+
+    def _set_job_backend(self, e: ev.SetJobBackend) -> list[Effect]:
+        check_id("group_id", e.group)
+        check_id("job_id", e.job)
+        if e.node:
+            check_node(e.node)
+        jobs = self.job_backends.setdefault(e.group, {})
+        per_node = jobs.setdefault(e.job, {})
+        if e.backend is None:
+            per_node.pop(e.node, None)
+        else:
+            per_node[e.node] = dict(e.backend)
+        if not per_node:
+            del jobs[e.job]
+        if not jobs:
+            del self.job_backends[e.group]
+        return []
 
     def _grant_next(self, g: Group, now: float) -> list[Effect]:
         if not g.queue:
@@ -393,10 +523,15 @@ class LockTable:
 
     def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
         g.holder = None
-        if reason == ev.REASON_NOT_DELIVERED:
+        if h.switching:
+            g.loaded_job = ""  # the agents may be half way: the next grant switches
+        elif reason == ev.REASON_NOT_DELIVERED and not self.nodes.get(g.name):
             # Nobody took the grant: its job never ran, the previous context is live.
+            # (Where agents switched the contexts, the granted job's is live now.)
             g.active_job = g.loaded_job = h.previous_job
-        return [ev.Revoked(g.name, h.job, h.token, reason), *self._grant_next(g, now)]
+        # Only a grant still switching has a call waiting for it: that call fails.
+        revoked = ev.Revoked(g.name, h.job, h.token, reason, h.call_id if h.switching else "")
+        return [revoked, *self._grant_next(g, now)]
 
     def _remember(self, request_id: str, outcome: _AcquireOutcome | ev.Yielded) -> None:
         if not request_id:
@@ -424,8 +559,8 @@ class LockTable:
 
     def _holder_deadlines(self, g: Group) -> list[tuple[float, str]]:
         h = g.holder
-        if h is None:
-            return []
+        if h is None or h.switching:
+            return []  # a switch is bounded by the shell's deadline; the lease starts after
         found = []
         if h.expires_at is not None:
             found.append((h.expires_at, ev.REASON_LEASE_EXPIRED))
@@ -507,8 +642,14 @@ class LockTable:
                 assert not g.queue, f"{name}: waiters queued on a free group"
                 continue
             assert h.job not in g.queue, f"{name}: holder {h.job} is also queued"
+            assert not set(g.queue) & set(g.quarantined), f"{name}: a quarantined job waits"
             assert h.token == g.token, f"{name}: holder token {h.token} is not {g.token}"
-            assert g.active_job == g.loaded_job == h.job, f"{name}: holder's context not live"
+            assert h.job not in g.quarantined, f"{name}: quarantined {h.job} holds it"
+            if h.switching:
+                assert g.active_job == h.job, f"{name}: switching to {h.job}, not active"
+                assert g.loaded_job != h.job, f"{name}: switching to {h.job}, already loaded"
+            else:
+                assert g.active_job == g.loaded_job == h.job, f"{name}: holder's context not live"
             calls.append(h.call_id)
         attached = [c for c in calls if c]
         assert len(attached) == len(set(attached)), "one call attached to two places"
@@ -520,6 +661,10 @@ class LockTable:
             "hold_limits": dict(self.hold_limits),
             "hold_graces": dict(self.hold_graces),
             "policies": {name: list(p) for name, p in self.policies.items()},
+            "nodes": {name: list(nodes) for name, nodes in self.nodes.items()},
+            "agents": dict(self.agents),
+            "job_backends": deepcopy(self.job_backends),
+            "claim_grace": self.claim_grace,
             "groups": [
                 {
                     "name": g.name,
@@ -530,6 +675,7 @@ class LockTable:
                     "active_job": g.active_job,
                     "loaded_job": g.loaded_job,
                     "last_served": dict(g.last_served),
+                    "quarantined": dict(g.quarantined),
                 }
                 for g in self.groups.values()
             ],
@@ -544,6 +690,10 @@ class LockTable:
         table.hold_limits = dict(data["hold_limits"])
         table.hold_graces = dict(data.get("hold_graces", {}))
         table.policies = {name: (p, a) for name, (p, a) in data.get("policies", {}).items()}
+        table.nodes = {name: tuple(nodes) for name, nodes in data.get("nodes", {}).items()}
+        table.agents = dict(data.get("agents", {}))
+        table.job_backends = deepcopy(data.get("job_backends", {}))
+        table.claim_grace = data.get("claim_grace", table.claim_grace)
         for gd in data["groups"]:
             g = Group(
                 name=gd["name"],
@@ -554,6 +704,7 @@ class LockTable:
                 active_job=gd["active_job"],
                 loaded_job=gd["loaded_job"],
                 last_served=dict(gd.get("last_served", {})),
+                quarantined=dict(gd.get("quarantined", {})),
             )
             table.groups[g.name] = g
             table._arm_holder(g)
@@ -572,3 +723,21 @@ def check_id(name: str, value: str) -> None:
         raise InvalidArgumentError(f"{name} is longer than {MAX_ID_BYTES} bytes")
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidArgumentError(f"{name} contains control characters")
+
+
+_NODE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
+def check_node(value: str) -> None:
+    """A node is named as its agent registers (a host-like name) or by its agent's
+    address (HOST:PORT)."""
+    check_id("node", value)
+    if _NODE_NAME.match(value):
+        return
+    try:
+        parse_target(value)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"node {value!r} is neither a node name (letters, digits, '.', '_', '-')"
+            " nor an agent address (HOST:PORT)"
+        ) from None

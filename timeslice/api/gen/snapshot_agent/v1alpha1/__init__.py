@@ -18,6 +18,7 @@ __all__ = (
     "GetOperationResponse",
     "JobState",
     "JobStatus",
+    "Liveness",
     "MemoryRegion",
     "MemoryRegionsBackendConfig",
     "NamedBackendConfig",
@@ -37,6 +38,10 @@ __all__ = (
     "StatusRequest",
     "StatusResponse",
     "SuspendMode",
+    "SwitchGroupRequest",
+    "SwitchGroupResponse",
+    "SwitchJob",
+    "SwitchStep",
     "WorkloadCapabilities",
     "WorkloadMessage",
 )
@@ -148,6 +153,30 @@ class JobState(betterproto2.Enum):
             "JOB_STATE_TRANSITIONING": 3,
             "JOB_STATE_SAVED": 4,
             "JOB_STATE_FAULTED": 5,
+        }
+
+
+class Liveness(betterproto2.Enum):
+    UNSPECIFIED = 0
+
+    ALIVE = 1
+
+    GONE = 2
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "LIVENESS_UNSPECIFIED",
+            1: "LIVENESS_ALIVE",
+            2: "LIVENESS_GONE",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "LIVENESS_UNSPECIFIED": 0,
+            "LIVENESS_ALIVE": 1,
+            "LIVENESS_GONE": 2,
         }
 
 
@@ -475,6 +504,14 @@ class JobStatus(betterproto2.Message):
     The operation running now, or the last one.
     """
 
+    liveness: "Liveness" = betterproto2.field(
+        104, betterproto2.TYPE_ENUM, default_factory=lambda: Liveness(0)
+    )
+    """
+    What the agent sees of the job's workload: its channel open or its
+    processes running (ALIVE), all of them ended (GONE), or nothing to watch.
+    """
+
 
 default_message_pool.register_message("snapshot_agent.v1alpha1", "JobStatus", JobStatus)
 
@@ -748,6 +785,121 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class SwitchGroupRequest(betterproto2.Message):
+    group: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    next_job_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The job whose context must be live when the switch ends; empty: none.
+    """
+
+    fencing_token: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    The grant this switch makes; older ones are refused (ABORTED).
+    """
+
+    timeout_ms: "int" = betterproto2.field(4, betterproto2.TYPE_INT64)
+
+    jobs: "list[SwitchJob]" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The group's jobs the orchestrator knows, with their backend policies.
+    """
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "SwitchGroupRequest", SwitchGroupRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class SwitchGroupResponse(betterproto2.Message):
+    steps: "list[SwitchStep]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    restored: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    The next job's context was brought back by a restore of this grant.
+    """
+
+    next_state: "JobState" = betterproto2.field(
+        3, betterproto2.TYPE_ENUM, default_factory=lambda: JobState(0)
+    )
+    """
+    Where the next job's context is now (UNSPECIFIED: the agent does not know it).
+    """
+
+    faulted: "list[JobStatus]" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The group's jobs quarantined on this node, with why (JobStatus.fault).
+    """
+
+    node_name: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "SwitchGroupResponse", SwitchGroupResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class SwitchJob(betterproto2.Message):
+    """
+    A job of the group being switched, as the orchestrator knows it.
+    """
+
+    job_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    backend_config: "BackendConfig | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    The backend its contexts need, as the job registered it with the
+    orchestrator; unset: the backend the agent knows the job by.
+    """
+
+
+default_message_pool.register_message("snapshot_agent.v1alpha1", "SwitchJob", SwitchJob)
+
+
+@dataclass(eq=False, repr=False)
+class SwitchStep(betterproto2.Message):
+    """
+    One operation a switch ran on this node.
+    """
+
+    job_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    kind: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    "snapshot" or "restore".
+    """
+
+    operation_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    status: "OperationStatus" = betterproto2.field(
+        4, betterproto2.TYPE_ENUM, default_factory=lambda: OperationStatus(0)
+    )
+
+    error: "str | None" = betterproto2.field(5, betterproto2.TYPE_STRING, optional=True)
+
+    storage_bytes: "int" = betterproto2.field(6, betterproto2.TYPE_INT64)
+
+    device_bytes: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
+
+    elapsed_ms: "int" = betterproto2.field(8, betterproto2.TYPE_INT64)
+
+
+default_message_pool.register_message(
+    "snapshot_agent.v1alpha1", "SwitchStep", SwitchStep
+)
+
+
+@dataclass(eq=False, repr=False)
 class WorkloadCapabilities(betterproto2.Message):
     supported_modes: "list[SuspendMode]" = betterproto2.field(
         1, betterproto2.TYPE_ENUM, repeated=True
@@ -928,6 +1080,29 @@ class SnapshotAgentServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def switch_group(
+        self,
+        message: "SwitchGroupRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SwitchGroupResponse":
+        """
+        One node's part of a switch of a group's accelerators: snapshots every
+        other live context of the group, then restores the next job's if it is
+        saved. Answers when both are done (or failed), within the timeout.
+        """
+
+        return await self._unary_unary(
+            "/snapshot_agent.v1alpha1.SnapshotAgentService/SwitchGroup",
+            message,
+            SwitchGroupResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
     async def snapshot(self, message: "SnapshotRequest") -> "SnapshotResponse":
@@ -975,6 +1150,17 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
         """
         --- timeslice extensions ---
         Clears a job's fault (quarantine) and asks its backend where its context is.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def switch_group(
+        self, message: "SwitchGroupRequest"
+    ) -> "SwitchGroupResponse":
+        """
+        One node's part of a switch of a group's accelerators: snapshots every
+        other live context of the group, then restores the next job's if it is
+        saved. Answers when both are done (or failed), within the timeout.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -1029,6 +1215,14 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.reset_job(request)
         await stream.send_message(response)
 
+    async def __rpc_switch_group(
+        self, stream: "grpclib.server.Stream[SwitchGroupRequest, SwitchGroupResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.switch_group(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/snapshot_agent.v1alpha1.SnapshotAgentService/Snapshot": grpclib.const.Handler(
@@ -1066,5 +1260,11 @@ class SnapshotAgentServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ResetJobRequest,
                 ResetJobResponse,
+            ),
+            "/snapshot_agent.v1alpha1.SnapshotAgentService/SwitchGroup": grpclib.const.Handler(
+                self.__rpc_switch_group,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SwitchGroupRequest,
+                SwitchGroupResponse,
             ),
         }

@@ -6,10 +6,13 @@
 __all__ = (
     "AcquireRequest",
     "AcquireResponse",
+    "AgentReport",
+    "AgentSessionEnd",
     "ForceReleaseRequest",
     "ForceReleaseResponse",
     "GetGroupStatusRequest",
     "GetGroupStatusResponse",
+    "GroupGrant",
     "GroupStatus",
     "GroupStatusState",
     "KeepAliveRequest",
@@ -17,6 +20,13 @@ __all__ = (
     "Lease",
     "ListGroupsRequest",
     "ListGroupsResponse",
+    "QuarantinedJob",
+    "RegisterJobRequest",
+    "RegisterJobResponse",
+    "ResetJobRequest",
+    "ResetJobResponse",
+    "SetGroupNodesRequest",
+    "SetGroupNodesResponse",
     "SnapshotAgentJobState",
     "SnapshotAgentJobStateState",
     "TimeSliceOrchestratorServiceBase",
@@ -29,7 +39,7 @@ __all__ = (
 )
 
 import datetime
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -162,6 +172,21 @@ class WatchEventKind(betterproto2.Enum):
     The holder reached its hold limit and is asked to yield.
     """
 
+    SWITCH_STARTED = 8
+    """
+    The agents are moving contexts for the job about to be granted.
+    """
+
+    QUARANTINED = 9
+    """
+    A job failed on the group's accelerators and may not hold it until reset.
+    """
+
+    RESET = 10
+    """
+    An operator lifted a job's quarantine.
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -173,6 +198,9 @@ class WatchEventKind(betterproto2.Enum):
             5: "KIND_LEFT_QUEUE",
             6: "KIND_REVOKED",
             7: "KIND_YIELD_REQUESTED",
+            8: "KIND_SWITCH_STARTED",
+            9: "KIND_QUARANTINED",
+            10: "KIND_RESET",
         }
 
     @classmethod
@@ -186,6 +214,9 @@ class WatchEventKind(betterproto2.Enum):
             "KIND_LEFT_QUEUE": 5,
             "KIND_REVOKED": 6,
             "KIND_YIELD_REQUESTED": 7,
+            "KIND_SWITCH_STARTED": 8,
+            "KIND_QUARANTINED": 9,
+            "KIND_RESET": 10,
         }
 
 
@@ -223,6 +254,14 @@ class AcquireRequest(betterproto2.Message):
     seconds waited count as one more). Ignored by the other policies.
     """
 
+    more_group_ids: "list[str]" = betterproto2.field(
+        104, betterproto2.TYPE_STRING, repeated=True
+    )
+    """
+    More groups to hold together with group_id: all of them are granted at
+    once or none is, whatever order other jobs ask in.
+    """
+
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "AcquireRequest", AcquireRequest
@@ -249,9 +288,54 @@ class AcquireResponse(betterproto2.Message):
     Grows with every grant of the group, across restarts too.
     """
 
+    grants: "list[GroupGrant]" = betterproto2.field(
+        102, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    With more_group_ids: every group granted, group_id's first.
+    """
+
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "AcquireResponse", AcquireResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class AgentReport(betterproto2.Message):
+    node_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    address: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Where the orchestrator reaches the agent (HOST:PORT).
+    """
+
+    groups: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Groups this node joins (in addition to those configured).
+    """
+
+    jobs: "list[__snapshot_agent__v1alpha1__.JobStatus]" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    accelerators: "list[__snapshot_agent__v1alpha1__.AcceleratorStatus]" = (
+        betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
+    )
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "AgentReport", AgentReport
+)
+
+
+@dataclass(eq=False, repr=False)
+class AgentSessionEnd(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "AgentSessionEnd", AgentSessionEnd
 )
 
 
@@ -317,6 +401,28 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class GroupGrant(betterproto2.Message):
+    """
+    One group of a grant.
+    """
+
+    group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    fencing_token: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    lease: "Lease | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    context_restored: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "GroupGrant", GroupGrant
+)
+
+
+@dataclass(eq=False, repr=False)
 class GroupStatus(betterproto2.Message):
     group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -370,6 +476,20 @@ class GroupStatus(betterproto2.Message):
     epoch: "int" = betterproto2.field(103, betterproto2.TYPE_UINT64)
     """
     Counts orchestrator starts on this journal.
+    """
+
+    quarantined_jobs: "list[QuarantinedJob]" = betterproto2.field(
+        104, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Jobs that may not hold the group until an operator resets them.
+    """
+
+    nodes: "list[str]" = betterproto2.field(
+        105, betterproto2.TYPE_STRING, repeated=True
+    )
+    """
+    The nodes (agents) the group spans.
     """
 
 
@@ -456,6 +576,102 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class QuarantinedJob(betterproto2.Message):
+    job_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "QuarantinedJob", QuarantinedJob
+)
+
+
+@dataclass(eq=False, repr=False)
+class RegisterJobRequest(betterproto2.Message):
+    group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    job_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    node: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    Only on this node; empty: on every node of the group.
+    """
+
+    backend_config: "__snapshot_agent__v1alpha1__.BackendConfig | None" = (
+        betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
+    )
+    """
+    Unset: forget the job's registered backend (on `node`).
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "RegisterJobRequest", RegisterJobRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class RegisterJobResponse(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "RegisterJobResponse", RegisterJobResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class ResetJobRequest(betterproto2.Message):
+    group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    job_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "ResetJobRequest", ResetJobRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ResetJobResponse(betterproto2.Message):
+    was_quarantined: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    Whether the job was quarantined on the orchestrator.
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "ResetJobResponse", ResetJobResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class SetGroupNodesRequest(betterproto2.Message):
+    group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    nodes: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Node names of registered agents, or agent addresses (HOST:PORT).
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "SetGroupNodesRequest", SetGroupNodesRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class SetGroupNodesResponse(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "SetGroupNodesResponse", SetGroupNodesResponse
+)
+
+
+@dataclass(eq=False, repr=False)
 class SnapshotAgentJobState(betterproto2.Message):
     agent: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -504,6 +720,14 @@ class WatchEvent(betterproto2.Message):
     """
     The group's status right after the event.
     """
+
+    context_restored: "bool" = betterproto2.field(100, betterproto2.TYPE_BOOL)
+    """
+    For KIND_GRANTED: whether the job's context was restored, and the bytes the
+    switch moved on all nodes.
+    """
+
+    switch_bytes: "int" = betterproto2.field(101, betterproto2.TYPE_INT64)
 
 
 default_message_pool.register_message(
@@ -725,8 +949,97 @@ class TimeSliceOrchestratorServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def register_job(
+        self,
+        message: "RegisterJobRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "RegisterJobResponse":
+        """
+        Registers the backend a job's contexts need on a group's nodes; it is sent
+        to the agents with every switch of the group.
+        """
+
+        return await self._unary_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/RegisterJob",
+            message,
+            RegisterJobResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def reset_job(
+        self,
+        message: "ResetJobRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ResetJobResponse":
+        """
+        Operator action: lifts a job's quarantine on a group, on the orchestrator
+        and on the group's agents.
+        """
+
+        return await self._unary_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/ResetJob",
+            message,
+            ResetJobResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def set_group_nodes(
+        self,
+        message: "SetGroupNodesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SetGroupNodesResponse":
+        """
+        Names the nodes (agents) a group spans.
+        """
+
+        return await self._unary_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/SetGroupNodes",
+            message,
+            SetGroupNodesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def agent_session(
+        self,
+        messages: "AsyncIterable[AgentReport] | Iterable[AgentReport]",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AgentSessionEnd":
+        """
+        An agent's session: it registers (first report), then reports its jobs
+        whenever they change, for as long as it runs.
+        """
+
+        return await self._stream_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession",
+            messages,
+            AgentReport,
+            AgentSessionEnd,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 from ...google import protobuf as __google__protobuf__
+from ...snapshot_agent import v1alpha1 as __snapshot_agent__v1alpha1__
 
 
 class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
@@ -782,6 +1095,43 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
     ) -> "ForceReleaseResponse":
         """
         Operator action: takes the lock away from its holder.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def register_job(
+        self, message: "RegisterJobRequest"
+    ) -> "RegisterJobResponse":
+        """
+        Registers the backend a job's contexts need on a group's nodes; it is sent
+        to the agents with every switch of the group.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def reset_job(self, message: "ResetJobRequest") -> "ResetJobResponse":
+        """
+        Operator action: lifts a job's quarantine on a group, on the orchestrator
+        and on the group's agents.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_group_nodes(
+        self, message: "SetGroupNodesRequest"
+    ) -> "SetGroupNodesResponse":
+        """
+        Names the nodes (agents) a group spans.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def agent_session(
+        self, messages: "AsyncIterator[AgentReport]"
+    ) -> "AgentSessionEnd":
+        """
+        An agent's session: it registers (first report), then reports its jobs
+        whenever they change, for as long as it runs.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -846,6 +1196,38 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.force_release(request)
         await stream.send_message(response)
 
+    async def __rpc_register_job(
+        self, stream: "grpclib.server.Stream[RegisterJobRequest, RegisterJobResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.register_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_reset_job(
+        self, stream: "grpclib.server.Stream[ResetJobRequest, ResetJobResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.reset_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_set_group_nodes(
+        self,
+        stream: "grpclib.server.Stream[SetGroupNodesRequest, SetGroupNodesResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_group_nodes(request)
+        await stream.send_message(response)
+
+    async def __rpc_agent_session(
+        self, stream: "grpclib.server.Stream[AgentReport, AgentSessionEnd]"
+    ) -> None:
+        request = stream.__aiter__()
+        response = await self.agent_session(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire": grpclib.const.Handler(
@@ -889,5 +1271,29 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ForceReleaseRequest,
                 ForceReleaseResponse,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/RegisterJob": grpclib.const.Handler(
+                self.__rpc_register_job,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                RegisterJobRequest,
+                RegisterJobResponse,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/ResetJob": grpclib.const.Handler(
+                self.__rpc_reset_job,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ResetJobRequest,
+                ResetJobResponse,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/SetGroupNodes": grpclib.const.Handler(
+                self.__rpc_set_group_nodes,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetGroupNodesRequest,
+                SetGroupNodesResponse,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession": grpclib.const.Handler(
+                self.__rpc_agent_session,
+                grpclib.const.Cardinality.STREAM_UNARY,
+                AgentReport,
+                AgentSessionEnd,
             ),
         }

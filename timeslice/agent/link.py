@@ -1,0 +1,136 @@
+"""The agent's link to its orchestrator: it registers itself and reports its jobs.
+
+One long-lived `AgentSession` stream: a report when it opens (node name, address,
+groups to join, every job with its state and liveness) and another after every
+change, whether of the job table or of a job's processes (each watched through a
+pidfd, so a process that exits is reported at once, nothing polled). A broken
+stream is opened again with backoff, so that a restarted orchestrator hears
+from every agent within about a second of its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from grpclib.client import Channel
+from grpclib.const import Cardinality
+
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
+from timeslice.client._transport import backoff_delays, parse_target
+
+if TYPE_CHECKING:
+    from timeslice.agent.server import Agent
+
+log = logging.getLogger(__name__)
+
+AGENT_SESSION = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession"
+# A session that lasted this long was healthy: the next reconnect starts fast again.
+HEALTHY_SESSION_SEC = 5.0
+
+
+class OrchestratorLink:
+    """Keeps `agent` registered with the orchestrator at `target` while it runs."""
+
+    def __init__(self, agent: Agent, target: str) -> None:
+        self.agent = agent
+        self.target = target
+        self._task: asyncio.Task[None] | None = None
+        self._pidfds: dict[int, int] = {}
+        #: Reports the orchestrator has accepted (tests and logs read it).
+        self.reports_sent = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for pid in list(self._pidfds):
+            self._unwatch(pid)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        delays = backoff_delays()
+        while True:
+            target = parse_target(self.target)
+            channel = Channel(target.host, target.port, path=target.path)
+            began = loop.time()
+            try:
+                await self._session(channel)
+            except Exception as exc:  # down, restarting, or it ended the session
+                log.info("session with orchestrator %s ended: %s", self.target, exc)
+            finally:
+                channel.close()
+            if loop.time() - began > HEALTHY_SESSION_SEC:
+                delays = backoff_delays()
+            await asyncio.sleep(next(delays))
+
+    async def _session(self, channel: Channel) -> None:
+        async with channel.request(
+            AGENT_SESSION, Cardinality.STREAM_UNARY, opb.AgentReport, opb.AgentSessionEnd
+        ) as stream:
+            ended = asyncio.ensure_future(stream.recv_message())
+            try:
+                while True:
+                    self.agent.changed.clear()
+                    await stream.send_message(self.report())
+                    self.reports_sent += 1
+                    changed = asyncio.ensure_future(self.agent.changed.wait())
+                    await asyncio.wait({ended, changed}, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
+                    if ended.done():
+                        ended.result()  # raises why the orchestrator ended it
+                        return
+            finally:
+                ended.cancel()
+                await asyncio.gather(ended, return_exceptions=True)
+
+    def report(self) -> opb.AgentReport:
+        """The agent as the orchestrator should see it now."""
+        from timeslice.agent.service import job_status  # noqa: PLC0415  (import cycle)
+
+        agent, config = self.agent, self.agent.config
+        jobs = []
+        watched: set[int] = set()
+        for job in agent.table.jobs.values():
+            liveness = agent.liveness(job)
+            jobs.append(job_status(job, liveness))
+            if liveness == "ALIVE":
+                watched |= {int(c.removeprefix("pid:")) for c in job.claims if c.startswith("pid:")}
+        self._watch(watched)
+        return opb.AgentReport(
+            node_name=config.node_name,
+            address=config.advertise or agent.address,
+            groups=list(config.groups),
+            jobs=jobs,
+        )
+
+    # --- processes ending -------------------------------------------------------------
+
+    def _watch(self, pids: set[int]) -> None:
+        for pid in set(self._pidfds) - pids:
+            self._unwatch(pid)
+        for pid in pids - set(self._pidfds):
+            try:
+                fd = os.pidfd_open(pid)
+            except (ProcessLookupError, OSError, AttributeError):
+                continue  # gone already, or no pidfds here: liveness is read at each report
+            self._pidfds[pid] = fd
+            asyncio.get_running_loop().add_reader(fd, self._ended, pid)
+
+    def _ended(self, pid: int) -> None:
+        self._unwatch(pid)
+        self.agent.changed.set()
+
+    def _unwatch(self, pid: int) -> None:
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)

@@ -1,0 +1,165 @@
+"""The handoff driver: moves the contexts on a group's nodes before a grant.
+
+When the lock table grants a group that spans nodes to a job whose context is
+not the loaded one, it says `SwitchStarted` (after the grant is journaled) and
+waits. The driver then asks the agent of every node of the group, all at once,
+to switch the group to that job (`SwitchGroup`: every other live context
+snapshotted, then the job's restored if it was saved), each request carrying
+the grant's fencing token and the switch's deadline, and feeds what they did
+back as one `SwitchDone`: only then is the grant announced. Nothing polls: each
+agent answers when its part is done.
+
+A switch is idempotent on the agents (each works from where its contexts really
+are), so an orchestrator that restarts with a switch in its journal simply
+runs it again. An agent that cannot be reached is retried until the deadline;
+then the switch fails and the grant goes to the next waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
+from timeslice.client.agent import AsyncSnapshotAgentClient
+from timeslice.errors import LeaseLostError, TimeSliceError
+from timeslice.orchestrator import events as ev
+
+if TYPE_CHECKING:
+    from timeslice.orchestrator.server import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node's part of a switch, as `SwitchDone` needs it."""
+
+    node: str
+    restored: bool = False
+    faults: tuple[tuple[str, str], ...] = ()
+    moved_bytes: int = 0
+    error: str = ""
+
+
+class HandoffDriver:
+    """Runs the switches the lock table starts, one task per group."""
+
+    def __init__(self, orchestrator: Orchestrator, timeout: float) -> None:
+        self.orch = orchestrator
+        self.timeout = timeout
+        self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        self._clients: dict[str, AsyncSnapshotAgentClient] = {}
+
+    def start(self, switch: ev.SwitchStarted) -> None:
+        """Run `switch`; one still running for an older grant of the group is dropped
+        (the table ignores its result, and each agent finishes one before the next)."""
+        running = self._running.get(switch.group)
+        if running is not None:
+            if running[0] == switch.token:
+                return
+            running[1].cancel()
+        task = asyncio.get_running_loop().create_task(self._switch(switch))
+        self._running[switch.group] = (switch.token, task)
+        task.add_done_callback(lambda _: self._forget(switch.group, task))
+
+    def _forget(self, group: str, task: asyncio.Task[None]) -> None:
+        if (running := self._running.get(group)) is not None and running[1] is task:
+            del self._running[group]
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._running.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        clients, self._clients = self._clients, {}
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+
+    async def _switch(self, switch: ev.SwitchStarted) -> None:
+        deadline = time.time() + self.timeout
+        nodes = self.orch.table.nodes.get(switch.group, ())
+        results = await asyncio.gather(*(self._node(node, switch, deadline) for node in nodes))
+        if any(r.error == _SUPERSEDED for r in results):
+            return  # a newer grant of the group took over; its switch does the work
+        errors = [f"{r.node}: {r.error}" for r in results if r.error]
+        faults = dict(f for r in results for f in r.faults)  # one reason per job
+        done = ev.SwitchDone(
+            time.time(),
+            switch.group,
+            switch.token,
+            restored=any(r.restored for r in results),
+            faults=tuple(faults.items()),
+            error="; ".join(errors),
+            moved_bytes=sum(r.moved_bytes for r in results),
+        )
+        try:
+            self.orch.apply(done)
+        except TimeSliceError as exc:  # the orchestrator stopped meanwhile
+            log.info("switch of %s ended without effect: %s", switch.group, exc)
+
+    async def _node(self, node: str, switch: ev.SwitchStarted, deadline: float) -> NodeResult:
+        address = await self.orch.agent_address(node, deadline)
+        if address is None:
+            return NodeResult(node, error="no agent registered for this node in time")
+        left = deadline - time.time()
+        try:
+            answer = await self._client(address).switch_group(
+                switch.group,
+                switch.job,
+                switch.token,
+                jobs=list(self._jobs(switch.group, node)),
+                timeout_sec=max(left, 0.001),
+            )
+        except LeaseLostError:
+            return NodeResult(node, error=_SUPERSEDED)
+        except TimeSliceError as exc:
+            return NodeResult(node, error=f"agent {address}: {exc.message or type(exc).__name__}")
+        return _node_result(node, switch.job, answer)
+
+    def _jobs(self, group: str, node: str) -> Iterable[apb.SwitchJob]:
+        """The group's jobs the table knows, each with the backend it registered."""
+        table = self.orch.table
+        g = table.groups.get(group)
+        registered = table.job_backends.get(group, {})
+        known = set(registered)
+        if g is not None:
+            known |= {*g.queue, *g.last_served, *g.quarantined}
+            if g.holder is not None:
+                known.add(g.holder.job)
+        for job in sorted(known):
+            config = registered.get(job, {})
+            chosen = config.get(node, config.get(""))
+            backend = apb.BackendConfig.from_dict(chosen) if chosen is not None else None
+            yield apb.SwitchJob(job_id=job, backend_config=backend)
+
+    def _client(self, address: str) -> AsyncSnapshotAgentClient:
+        client = self._clients.get(address)
+        if client is None:
+            # Retried while unreachable for as long as a switch may take.
+            client = AsyncSnapshotAgentClient(address, reconnect_timeout_sec=self.timeout)
+            self._clients[address] = client
+        return client
+
+
+_SUPERSEDED = "superseded by a newer grant"
+_FAILED = apb.OperationStatus.FAILED
+
+
+def _node_result(node: str, target: str, answer: apb.SwitchGroupResponse) -> NodeResult:
+    faults: list[tuple[str, str]] = []
+    for step in answer.steps:
+        if step.operation_id and step.status == _FAILED:
+            faults.append((step.job_id, f"{step.kind} failed on {node}: {step.error or '?'}"))
+        elif step.operation_id and step.status != apb.OperationStatus.COMPLETE:
+            faults.append((step.job_id, f"{step.kind} did not finish in time on {node}"))
+        elif not step.operation_id:
+            log.info("switch on %s: no %s of %s: %s", node, step.kind, step.job_id, step.error)
+    for job in answer.faulted:
+        if job.job_id == target:  # its context cannot be made live here
+            faults.append((target, f"faulted on {node}: {job.fault or 'no reason given'}"))
+    moved = sum(step.storage_bytes for step in answer.steps)
+    return NodeResult(node, answer.restored, tuple(faults), moved)

@@ -92,9 +92,13 @@ def serve_orchestrator(
     group_nodes: Annotated[
         list[str] | None,
         typer.Option(
-            help="GROUP=HOST:PORT[,HOST:PORT...]: the agents of a group's nodes; repeatable."
+            help="GROUP=NODE[,NODE...]: a group's nodes, as node names of agents that"
+            " register themselves or as agent addresses HOST:PORT; repeatable."
         ),
     ] = None,
+    switch_timeout: Annotated[
+        float, typer.Option(help="Longest a switch of contexts on a group's nodes may take, s.")
+    ] = 120.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
@@ -116,6 +120,7 @@ def serve_orchestrator(
             policy=policy,
             policies=_parse_pairs(group_policy or [], "GROUP=POLICY"),
             priority_aging=priority_aging,
+            switch_timeout=switch_timeout,
         )
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -154,6 +159,18 @@ def serve_agent(
     operation_timeout: Annotated[
         float, typer.Option(help="Deadline of an operation whose request sets none, seconds.")
     ] = 300.0,
+    orchestrator: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT of the orchestrator to register with and report to."),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT the orchestrator reaches this agent at (default: listen)."),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(help="A group this node joins when it registers; repeatable."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts)."""
@@ -170,6 +187,9 @@ def serve_agent(
             backends=tuple(backend) if backend else None,
             operation_timeout=operation_timeout,
             node_name=node_name or socket.gethostname(),
+            orchestrator=orchestrator,
+            advertise=advertise,
+            groups=tuple(group or ()),
         )
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.client._bridge import LoopThread, OnAccelerators, run_blocking
 from timeslice.client._leases import LeaseLostCallback
 from timeslice.client._transport import parse_target
@@ -189,6 +190,34 @@ class TimeSliceOrchestratorClient:
     ) -> ForceReleaseResult:
         """Operator action: takes the group's lock from its holder (only ``job_id``'s if set)."""
         return self._run(lambda: self._client.force_release(group_id, job_id, reason, timeout_sec))
+
+    def register_job(
+        self,
+        backend_config: BackendConfig | None,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        node: str = "",
+        timeout_sec: float | None = None,
+    ) -> None:
+        """Registers the backend the job's contexts need on the group's nodes."""
+        self._run(
+            lambda: self._client.register_job(backend_config, job_id, group_id, node, timeout_sec)
+        )
+
+    def reset_job(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> bool:
+        """Operator action: lifts the job's quarantine on the group."""
+        return self._run(lambda: self._client.reset_job(job_id, group_id, timeout_sec))
+
+    def set_group_nodes(
+        self, nodes: Sequence[str], group_id: str | None = None, timeout_sec: float | None = None
+    ) -> None:
+        """Names the nodes the group spans."""
+        self._run(lambda: self._client.set_group_nodes(nodes, group_id, timeout_sec))
 
     def on_accelerators(
         self,

@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
 from grpclib.client import Channel
 
+from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client._bridge import AcquireCall, OnAccelerators
 from timeslice.client._leases import Holding, LeaseKeeper, LeaseLostCallback
@@ -258,6 +259,62 @@ class AsyncTimeSliceOrchestratorClient:
                 request, timeout=timeout_sec or self._call_timeout_sec
             )
         return force_release_result(response)
+
+    async def register_job(
+        self,
+        backend_config: BackendConfig | None,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        node: str = "",
+        timeout_sec: float | None = None,
+    ) -> None:
+        """Registers the backend the job's contexts need on the group's nodes (on
+        ``node`` only, when given): the orchestrator sends it to the agents with
+        every switch, so that a plain process is switched through ``cuda_config(pids)``
+        and a workload through its channel. ``None`` forgets it."""
+        group, job = self._group(group_id), self._job(job_id)
+        stub = self._connect()
+        request = pb.RegisterJobRequest(
+            group_id=group, job_id=job, node=node, backend_config=backend_config
+        )
+        await self._retrying(
+            f"RegisterJob({group}/{job})",
+            timeout_sec,
+            lambda timeout: stub.register_job(request, timeout=timeout),
+        )
+
+    async def reset_job(
+        self,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> bool:
+        """Operator action: lifts the job's quarantine on the group (after a failed
+        snapshot or restore), there and on the group's agents. True if it was
+        quarantined."""
+        group, job = self._group(group_id), self._job(job_id)
+        stub = self._connect()
+        request = pb.ResetJobRequest(group_id=group, job_id=job)
+        response = await self._retrying(
+            f"ResetJob({group}/{job})",
+            timeout_sec,
+            lambda timeout: stub.reset_job(request, timeout=timeout),
+        )
+        return response.was_quarantined
+
+    async def set_group_nodes(
+        self, nodes: Sequence[str], group_id: str | None = None, timeout_sec: float | None = None
+    ) -> None:
+        """Names the nodes the group spans: node names of agents that register
+        themselves, or agent addresses (HOST:PORT). Empty: none."""
+        group = self._group(group_id)
+        stub = self._connect()
+        request = pb.SetGroupNodesRequest(group_id=group, nodes=list(nodes))
+        await self._retrying(
+            f"SetGroupNodes({group})",
+            timeout_sec,
+            lambda timeout: stub.set_group_nodes(request, timeout=timeout),
+        )
 
     def on_accelerators(
         self,

@@ -505,19 +505,19 @@ class Orchestrator:
     async def until_closed(self, items: AsyncIterator[_T]) -> AsyncIterator[_T]:
         """`items`, until they end or the orchestrator starts closing."""
         closing = asyncio.ensure_future(self._closing.wait())
+        item: asyncio.Future[_T | None] | None = None
         try:
             while True:
                 item = asyncio.ensure_future(anext(items, None))
                 await asyncio.wait({item, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if not item.done():
-                    item.cancel()
-                    await asyncio.gather(item, return_exceptions=True)
-                    return
-                if (value := item.result()) is None:
+                if not item.done() or (value := item.result()) is None:
                     return
                 yield value
         finally:
             closing.cancel()
+            if item is not None and not item.done():
+                item.cancel()
+                await asyncio.gather(item, return_exceptions=True)
 
     # --- what the service calls -------------------------------------------------------
 

@@ -73,7 +73,12 @@ class LeaseKeeper:
         self._lost: dict[tuple[str, str], TimeSliceError] = {}
 
     def hold(
-        self, group_id: str, job_id: str, response: pb.AcquireResponse, received_at: float
+        self,
+        group_id: str,
+        job_id: str,
+        fencing_token: int,
+        lease: pb.Lease | None,
+        received_at: float,
     ) -> Holding:
         """Records a grant and starts renewing its lease if it has one."""
         key = (group_id, job_id)
@@ -81,12 +86,11 @@ class LeaseKeeper:
         if previous is not None and previous.keep_alive_task is not None:
             previous.keep_alive_task.cancel()
         self._lost.pop(key, None)
-        lease = response.lease
         ttl_ms = lease.ttl_ms if lease is not None else 0
         holding = Holding(
             group_id=group_id,
             job_id=job_id,
-            fencing_token=response.fencing_token,
+            fencing_token=fencing_token,
             lease_id=lease.lease_id if lease is not None else "",
             ttl_ms=ttl_ms,
             expires_at=received_at + ttl_ms / 1000 if ttl_ms > 0 else None,

@@ -135,6 +135,17 @@ class TimeSliceOrchestratorClient:
         call = self._client.acquire(job_id, group_id, timeout_sec)
         return self._run(lambda: call)
 
+    def acquire_groups(
+        self,
+        group_ids: Sequence[str],
+        job_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> AcquireResult:
+        """Blocks until the job holds every one of ``group_ids``, granted all at once
+        (no deadlock whatever order jobs ask in); `release()` each group after."""
+        call = self._client.acquire_groups(group_ids, job_id, timeout_sec)
+        return self._run(lambda: call)
+
     def release(
         self,
         job_id: str | None = None,

@@ -155,6 +155,37 @@ class AsyncTimeSliceOrchestratorClient:
             release=lambda error: self._release_after(job, group, error),
         )
 
+    def acquire_groups(
+        self,
+        group_ids: Sequence[str],
+        job_id: str | None = None,
+        timeout_sec: float | None = None,
+    ) -> AcquireCall:
+        """Waits until the job holds every one of ``group_ids``, granted all at once
+        (a job that needs its sampler and its trainer pool): none is held while
+        another is waited for, so jobs asking in any order cannot deadlock.
+
+        The result is the first group's, with every group's grant in ``grants``.
+        ``async with`` releases them all at the end; otherwise `release()` each.
+        """
+        _check_timeout(timeout_sec)
+        job = self._job(job_id)
+        groups = list(dict.fromkeys(group_ids))
+        if not groups:
+            raise InvalidArgumentError("group_ids must name at least one group")
+        first, *more = groups
+
+        async def release_all(error: BaseException | None) -> None:
+            for group in reversed(groups):
+                await self._release_after(job, group, error)
+
+        return AcquireCall(
+            job,
+            first,
+            acquire=lambda: self._acquire(job, first, timeout_sec, more),
+            release=release_all,
+        )
+
     async def release(
         self,
         job_id: str | None = None,
@@ -386,7 +417,9 @@ class AsyncTimeSliceOrchestratorClient:
             conflict=NotHolderError,
         )
 
-    async def _acquire(self, job: str, group: str, timeout_sec: float | None) -> AcquireResult:
+    async def _acquire(
+        self, job: str, group: str, timeout_sec: float | None, more: Sequence[str] = ()
+    ) -> AcquireResult:
         stub = self._connect()
         request_id = uuid.uuid4().hex
 
@@ -400,6 +433,7 @@ class AsyncTimeSliceOrchestratorClient:
                 lease_ttl_ms=self._lease_ttl_ms,
                 wait_timeout_ms=None if left is None else max(0, round(left * 1000)),
                 priority=self._priority,
+                more_group_ids=list(more),
             )
             timeout = None if left is None else max(left, 0.0) + _ACQUIRE_BACKSTOP_SEC
             return stub.acquire(request, timeout=timeout)
@@ -412,7 +446,11 @@ class AsyncTimeSliceOrchestratorClient:
             conflict=NotHolderError,
         )
         if response.success:
-            self._leases.hold(group, job, response, asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            if not response.grants:
+                self._leases.hold(group, job, response.fencing_token, response.lease, now)
+            for grant in response.grants:
+                self._leases.hold(grant.group_id, job, grant.fencing_token, grant.lease, now)
         return acquire_result(response)
 
     async def _release(self, job: str, group: str, timeout_sec: float | None) -> YieldResult:

@@ -56,6 +56,17 @@ class WatchEventKind(str, Enum):
 
 
 @dataclass(frozen=True)
+class GroupGrant:
+    """One group of a grant of several groups at once (`acquire_groups`)."""
+
+    group_id: str
+    fencing_token: int
+    lease_id: str
+    lease_ttl_ms: int
+    context_restored: bool
+
+
+@dataclass(frozen=True)
 class AcquireResult:
     """The answer to `acquire()`: the job holds the group's lock.
 
@@ -70,6 +81,8 @@ class AcquireResult:
     lease_id: str = ""
     lease_ttl_ms: int = 0
     lease_expires_at: datetime.datetime | None = None
+    # With `acquire_groups`: every group's grant, the first group's first.
+    grants: tuple[GroupGrant, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +186,16 @@ def acquire_result(message: pb.AcquireResponse) -> AcquireResult:
         lease_id=lease.lease_id if lease else "",
         lease_ttl_ms=lease.ttl_ms if lease else 0,
         lease_expires_at=lease.expires_at if lease else None,
+        grants=tuple(
+            GroupGrant(
+                group_id=g.group_id,
+                fencing_token=g.fencing_token,
+                lease_id=g.lease.lease_id if g.lease else "",
+                lease_ttl_ms=g.lease.ttl_ms if g.lease else 0,
+                context_restored=g.context_restored,
+            )
+            for g in message.grants
+        ),
     )
 
 

@@ -30,6 +30,7 @@ class Acquire:
     lease_ttl: float | None = None  # seconds; None: no expiry by silence
     wait_deadline: float | None = None  # absolute; None: wait without limit
     priority: int = 0  # higher is served first, under the priority policy
+    more_groups: tuple[str, ...] = ()  # granted together with `group`, all or none
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event kind in {data!r}")
     # JSON has no tuples: give the tuple fields back their type.
-    for name in ("nodes", "faults"):
+    for name in ("nodes", "faults", "more_groups"):
         if name in fields:
             fields[name] = tuple(tuple(f) if isinstance(f, list) else f for f in fields[name])
     event: Event = cls(**fields)

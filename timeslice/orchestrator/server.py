@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -133,7 +133,7 @@ class Orchestrator:
         self._pending: list[tuple[Event, list[Effect], asyncio.Future[list[Effect]]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._since_snapshot = 0
-        self._calls: dict[str, asyncio.Future[ev.Granted]] = {}
+        self._calls: dict[str, _Call] = {}
         self._call_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -181,9 +181,11 @@ class Orchestrator:
             return
         self._state = "closed"
         self._closing.set()
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(UnavailableError("the orchestrator is shutting down; retry"))
+        for call in self._calls.values():
+            if not call.future.done():
+                call.future.set_exception(
+                    UnavailableError("the orchestrator is shutting down; retry")
+                )
         self._end_watches()
         await self.gate.close(self.config.drain_timeout)
         await self._shutdown()
@@ -328,9 +330,9 @@ class Orchestrator:
         for _, _, done in pending:
             if not done.done():
                 done.set_exception(error)
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(error)
+        for call in self._calls.values():
+            if not call.future.done():
+                call.future.set_exception(error)
         self._closer = asyncio.get_running_loop().create_task(self.close())
 
     def _act(self, effects: list[Effect]) -> None:
@@ -338,10 +340,10 @@ class Orchestrator:
         for effect in effects:
             match effect:
                 case ev.Granted():
-                    fut = self._calls.get(effect.call_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result(effect)
-                    elif effect.call_id and fut is None and effect.must_deliver:
+                    call = self._calls.get(effect.call_id)
+                    if call is not None:
+                        call.granted(effect)
+                    elif effect.call_id and effect.must_deliver:
                         # The call that asked is gone: roll the grant back.
                         revoke = ev.Revoke(
                             time.time(),
@@ -389,9 +391,9 @@ class Orchestrator:
                 self._publish(effect)
 
     def _fail_call(self, call_id: str, error: TimeSliceError) -> None:
-        fut = self._calls.get(call_id)
-        if fut is not None and not fut.done():
-            fut.set_exception(error)
+        call = self._calls.get(call_id)
+        if call is not None and not call.future.done():
+            call.future.set_exception(error)
 
     def _rearm(self) -> None:
         at = self.table.next_deadline()
@@ -549,40 +551,71 @@ class Orchestrator:
         priority: int = 0,
     ) -> ev.Granted:
         """Wait until `job` holds `group`."""
+        [grant] = await self.acquire_groups(
+            [group], job, request_id=request_id, lease_ttl=lease_ttl,
+            wait_timeout=wait_timeout, priority=priority,
+        )  # fmt: skip
+        return grant
+
+    async def acquire_groups(
+        self,
+        groups: Sequence[str],
+        job: str,
+        *,
+        request_id: str = "",
+        lease_ttl: float | None = None,
+        wait_timeout: float | None = None,
+        priority: int = 0,
+    ) -> list[ev.Granted]:
+        """Wait until `job` holds every one of `groups`, granted all at once; return
+        the grants in the order of `groups`."""
         if wait_timeout is not None and wait_timeout < 0:
             raise InvalidArgumentError("wait timeout must not be negative")
+        if not groups:
+            raise InvalidArgumentError("name at least one group")
         now = time.time()
-        call_id = f"{self.table.epoch}.{next(self._call_ids)}"
-        granted: asyncio.Future[ev.Granted] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = granted
+        call = _Call(
+            f"{self.table.epoch}.{next(self._call_ids)}", job, tuple(dict.fromkeys(groups))
+        )
+        self._calls[call.call_id] = call
         deadline = now + wait_timeout if wait_timeout is not None else None
+        first, *more = call.groups
+        event = ev.Acquire(now, first, job, call.call_id, request_id, lease_ttl, deadline,
+                           priority, tuple(more))  # fmt: skip
         try:
-            await asyncio.shield(
-                self.apply(
-                    ev.Acquire(now, group, job, call_id, request_id, lease_ttl, deadline, priority)
-                )
-            )
-            return await granted
+            await asyncio.shield(self.apply(event))
+            return await call.future
         except asyncio.CancelledError:
-            self._abandon(call_id, group, job, granted)
+            self._abandon(call)
+            raise
+        except TimeSliceError:
+            if len(call.groups) > 1:
+                self._abandon(call)  # what was granted of it goes back
             raise
         finally:
-            self._calls.pop(call_id, None)
+            self._calls.pop(call.call_id, None)
 
-    def _abandon(
-        self, call_id: str, group: str, job: str, granted: asyncio.Future[ev.Granted]
-    ) -> None:
-        """The caller went away: take it out of the queue, or roll back its grant."""
-        self._calls.pop(call_id, None)
+    def _abandon(self, call: _Call) -> None:
+        """The caller went away (or a bundle failed part way): take it out of the
+        queues, and roll back what it was granted."""
+        self._calls.pop(call.call_id, None)
         if self._state == "closed" or self.failure is not None:
             return  # its place is kept: the client retries against the next start
         now = time.time()
-        if granted.done() and not granted.cancelled() and granted.exception() is None:
-            grant = granted.result()
-            if grant.must_deliver:
-                self.apply(ev.Revoke(now, group, grant.token, ev.REASON_NOT_DELIVERED, call_id))
-        else:
-            self.apply(ev.DropWaiter(now, group, job, call_id, ev.REASON_CANCELLED))
+        for group in call.groups:
+            grant = call.grants.get(group)
+            g = self.table.groups.get(group)
+            h = g.holder if g is not None else None
+            if grant is not None:
+                if grant.must_deliver:
+                    revoke = ev.Revoke(
+                        now, group, grant.token, ev.REASON_NOT_DELIVERED, call.call_id
+                    )
+                    self.apply(revoke)
+            elif h is not None and h.call_id == call.call_id:  # granted, still switching
+                self.apply(ev.Revoke(now, group, h.token, ev.REASON_NOT_DELIVERED, call.call_id))
+            else:
+                self.apply(ev.DropWaiter(now, group, call.job, call.call_id, ev.REASON_CANCELLED))
 
     async def yield_(
         self, group: str, job: str, *, request_id: str = "", token: int | None = None
@@ -613,6 +646,20 @@ class Orchestrator:
         watch = Watch(group, asyncio.Queue(max_backlog), self._watchers.discard)
         self._watchers.add((group, watch.queue))
         return watch
+
+
+class _Call:
+    """One waiting Acquire: the groups it asks for, and the grants it has so far."""
+
+    def __init__(self, call_id: str, job: str, groups: tuple[str, ...]) -> None:
+        self.call_id, self.job, self.groups = call_id, job, groups
+        self.grants: dict[str, ev.Granted] = {}
+        self.future: asyncio.Future[list[ev.Granted]] = asyncio.get_running_loop().create_future()
+
+    def granted(self, grant: ev.Granted) -> None:
+        self.grants[grant.group] = grant
+        if len(self.grants) == len(self.groups) and not self.future.done():
+            self.future.set_result([self.grants[g] for g in self.groups])
 
 
 class Watch:

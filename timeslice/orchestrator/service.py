@@ -41,20 +41,32 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         self.orch = orchestrator
 
     async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
-        grant = await self.orch.acquire(
-            message.group_id,
+        grants = await self.orch.acquire_groups(
+            [message.group_id, *message.more_group_ids],
             message.job_id,
             request_id=message.request_id,
             lease_ttl=_seconds("lease_ttl_ms", message.lease_ttl_ms, positive=True),
             wait_timeout=_seconds("wait_timeout_ms", message.wait_timeout_ms, positive=False),
             priority=message.priority,
         )
+        grant = grants[0]
         return pb.AcquireResponse(
             success=True,
-            waited_ms=round(grant.waited * 1000),
-            context_restored=grant.context_restored,
+            waited_ms=round(max(g.waited for g in grants) * 1000),
+            context_restored=any(g.context_restored for g in grants),
             lease=_lease(grant.lease),
             fencing_token=grant.token,
+            grants=[
+                pb.GroupGrant(
+                    group_id=g.group,
+                    fencing_token=g.token,
+                    lease=_lease(g.lease),
+                    context_restored=g.context_restored,
+                )
+                for g in grants
+            ]
+            if message.more_group_ids
+            else [],
         )
 
     async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:

@@ -69,6 +69,7 @@ from timeslice.errors import (
 )
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
+from timeslice.orchestrator.policies import chosen
 
 MAX_ID_BYTES: Final = 256
 MAX_LEASE_TTL: Final = 3600.0
@@ -101,6 +102,7 @@ class Holder:
     yield_requested: bool = False  # it reached its hold limit and was asked to yield
     switching: bool = False  # the agents are still moving contexts for this grant
     queued_at: float = 0.0  # when its Acquire began waiting
+    bundle: tuple[str, ...] = ()  # the groups granted together with this one
 
     @property
     def lease(self) -> ev.LeaseInfo:
@@ -119,6 +121,9 @@ class Waiter:
     wait_deadline: float | None
     reclaim_deadline: float | None
     priority: int = 0
+    # All the groups it asks for at once (sorted), when more than this one.
+    bundle: tuple[str, ...] = ()
+    ticket: int = 0  # grows with every new acquire in the table: bundles' age order
 
 
 @dataclass
@@ -177,6 +182,7 @@ class LockTable:
         self.job_backends: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
         # How long after a start a grant nobody has claimed is kept (from `Recover`).
         self.claim_grace = 30.0
+        self.tickets = 0
         self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
         # (deadline, group, key): a lazy heap; stale entries are skipped when met.
         self._timers: list[tuple[float, str, str]] = []
@@ -221,38 +227,68 @@ class LockTable:
 
     def _acquire(self, e: ev.Acquire) -> list[Effect]:
         check_id("job_id", e.job)
-        check_id("group_id", e.group)
+        names = tuple(sorted({e.group, *e.more_groups}))
+        for name in names:
+            check_id("group_id", name)
         if e.lease_ttl is not None and not 0 < e.lease_ttl <= MAX_LEASE_TTL:
             raise InvalidArgumentError(f"lease TTL must be in (0, {MAX_LEASE_TTL:.0f}] seconds")
-        g = self.groups.get(e.group) or Group(e.group, state_since=e.now)
-        h = g.holder
+        groups = [self.groups.get(n) or Group(n, state_since=e.now) for n in names]
         earlier = self.recent.get(e.request_id) if e.request_id else None
-        if isinstance(earlier, _AcquireOutcome) and not (
-            h and earlier.group == g.name and h.token == earlier.token
-        ):
-            raise LeaseLostError(
-                f"the grant made for request {e.request_id} (token {earlier.token}) has ended"
+        if isinstance(earlier, _AcquireOutcome):
+            granted = self.groups.get(earlier.group)
+            h = granted.holder if granted else None
+            if h is None or h.token != earlier.token or h.job != e.job:
+                raise LeaseLostError(
+                    f"the grant made for request {e.request_id} (token {earlier.token}) has ended"
+                )
+        for g in groups:
+            if (why := g.quarantined.get(e.job)) is not None:
+                raise ConflictError(
+                    f"job {e.job} is quarantined on group {g.name} ({why}); an operator must"
+                    " reset it first"
+                )
+        bundle = names if len(names) > 1 else ()
+        held = [g for g in groups if g.holder is not None and g.holder.job == e.job]
+        queued = [g for g in groups if e.job in g.queue]
+        if held or queued:
+            same = all(g.holder.bundle == bundle for g in held if g.holder) and all(
+                g.queue[e.job].bundle == bundle for g in queued
             )
-        if (why := g.quarantined.get(e.job)) is not None:
-            raise ConflictError(
-                f"job {e.job} is quarantined on group {e.group} ({why}); an operator must"
-                " reset it first"
-            )
-        if h is not None and h.job == e.job:
-            return self._reenter(g, h, e)
-        if e.job in g.queue:
-            return self._reattach(g, g.queue[e.job], e)
-        waiter = Waiter(
-            e.job, e.call_id, e.request_id, e.now, e.lease_ttl, e.wait_deadline, None, e.priority
-        )
-        self.groups[g.name] = g
-        if h is None:
-            return self._grant(g, waiter, e.now)
-        if e.wait_deadline is not None and e.wait_deadline <= e.now:
-            raise DeadlineExceededError(f"group {e.group} is held by {h.job}")
-        g.queue[e.job] = waiter
-        self._arm_waiter(g, waiter)
-        return [ev.Queued(g.name, e.job, e.call_id, len(g.queue) - 1)]
+            if not same or len(held) + len(queued) != len(groups):
+                raise ConflictError(
+                    f"job {e.job} already holds or waits for some of {', '.join(names)} in"
+                    " another acquire: release those first (groups held together are asked"
+                    " for together)"
+                )
+            effects: list[Effect] = []
+            for g in groups:
+                h = g.holder
+                if h is not None and h.job == e.job:
+                    effects += self._reenter(g, h, e)
+                else:
+                    effects += self._reattach(g, g.queue[e.job], e)
+            return effects
+        self.tickets += 1
+        for g in groups:
+            self.groups[g.name] = g
+            g.queue[e.job] = Waiter(e.job, e.call_id, e.request_id, e.now, e.lease_ttl,
+                                    e.wait_deadline, None, e.priority, bundle, self.tickets)  # fmt: skip
+        effects = self._serve(groups[0], e.now)
+        if e.job in groups[0].queue:  # not granted: it waits
+            if e.wait_deadline is not None and e.wait_deadline <= e.now:
+                self._undo_waiting(groups, e.job)
+                self.tickets -= 1
+                raise DeadlineExceededError(f"{', '.join(names)} not free for {e.job}")
+            for g in groups:
+                self._arm_waiter(g, g.queue[e.job])
+                effects.append(ev.Queued(g.name, e.job, e.call_id, g.position(e.job)))
+        return effects
+
+    def _undo_waiting(self, groups: list[Group], job: str) -> None:
+        for g in groups:
+            del g.queue[job]
+            if g.holder is None and not g.queue and not g.token and not g.active_job:
+                del self.groups[g.name]  # made for this call only
 
     def _reenter(self, g: Group, h: Holder, e: ev.Acquire) -> list[Effect]:
         # The new call takes the grant over, so that an earlier call of the same
@@ -299,7 +335,7 @@ class LockTable:
             raise NotHolderError(f"job {e.job} is not granted {e.group} yet: its switch runs")
         waiting = len(g.queue)
         g.holder = None
-        granted = self._grant_next(g, e.now)
+        granted = self._serve(g, e.now)
         next_job = g.holder.job if g.holder else ""
         answer = ev.Yielded(g.name, e.job, h.token, waiting, waiting == 0, next_job)
         self._remember(e.request_id, answer)
@@ -323,8 +359,19 @@ class LockTable:
         w = g.queue.get(e.job) if g else None
         if g is None or w is None or (e.call_id and w.call_id != e.call_id):
             return []  # it left, was granted, or re-attached through another call already
-        del g.queue[e.job]
-        return [ev.LeftQueue(g.name, e.job, w.call_id, e.reason)]
+        return self._leave(g, w, e.reason, e.now)
+
+    def _leave(self, g: Group, w: Waiter, reason: str, now: float) -> list[Effect]:
+        """`w` leaves the queue of `g` and, for a bundle, of its other groups; the
+        groups that were kept for it serve others."""
+        effects: list[Effect] = []
+        left = [self.groups[name] for name in w.bundle] if w.bundle else [g]
+        for group in left:
+            del group.queue[w.job]
+            effects.append(ev.LeftQueue(group.name, w.job, w.call_id, reason))
+        for group in left:
+            effects += self._serve(group, now)
+        return effects
 
     def _revoke(self, e: ev.Revoke) -> list[Effect]:
         g = self.groups.get(e.group)
@@ -421,6 +468,7 @@ class LockTable:
             previous_job=previous,
             switching=switching,
             queued_at=w.since,
+            bundle=w.bundle,
         )
         self._remember(w.request_id, _AcquireOutcome(g.name, w.job, g.token))
         if switching:
@@ -434,7 +482,7 @@ class LockTable:
         h = g.holder if g else None
         if g is None or h is None or h.token != e.token or not h.switching:
             return []  # that grant ended already
-        effects = self._quarantine(g, e.faults)
+        effects = self._quarantine(g, e.faults, e.now)
         if e.error or h.job in g.quarantined:
             why = e.error or g.quarantined[h.job]
             g.loaded_job = ""  # where the contexts are is not known: the next grant switches
@@ -449,16 +497,17 @@ class LockTable:
                              e.restored, switch_bytes=e.moved_bytes)  # fmt: skip
         return [*effects, granted]
 
-    def _quarantine(self, g: Group, faults: tuple[tuple[str, str], ...]) -> list[Effect]:
+    def _quarantine(
+        self, g: Group, faults: tuple[tuple[str, str], ...], now: float
+    ) -> list[Effect]:
         effects: list[Effect] = []
         for job, reason in faults:
             if job in g.quarantined:
                 continue
             g.quarantined[job] = reason
             effects.append(ev.Quarantined(g.name, job, reason))
-            if (w := g.queue.pop(job, None)) is not None:
-                why = f"{ev.REASON_QUARANTINED}: {reason}"
-                effects.append(ev.LeftQueue(g.name, job, w.call_id, why))
+            if (w := g.queue.get(job)) is not None:
+                effects += self._leave(g, w, f"{ev.REASON_QUARANTINED}: {reason}", now)
         return effects
 
     def _reset_job(self, e: ev.ResetJob) -> list[Effect]:
@@ -503,23 +552,28 @@ class LockTable:
             del self.job_backends[e.group]
         return []
 
-    def _grant_next(self, g: Group, now: float) -> list[Effect]:
+    def _serve(self, g: Group, now: float) -> list[Effect]:
+        """Grant free group `g` to the waiter its policy picks, unless it is kept for a
+        bundle whose other groups are not free for it yet (see `policies`)."""
+        if g.holder is not None:
+            return []
         if not g.queue:
             g.state_since = now
             return []
-        waiter = g.queue.pop(self._next_waiter(g, now))
-        return self._grant(g, waiter, now)
+        w = self._chosen(g, now)
+        if not w.bundle:
+            del g.queue[w.job]
+            return self._grant(g, w, now)
+        groups = [self.groups[name] for name in w.bundle]
+        if any(x.holder is not None or self._chosen(x, now).job != w.job for x in groups):
+            return []  # kept for w until its other groups are free for it
+        effects: list[Effect] = []
+        for x in groups:
+            effects += self._grant(x, x.queue.pop(w.job), now)
+        return effects
 
-    def _next_waiter(self, g: Group, now: float) -> str:
-        """The waiter the group's policy serves next; ties go to the earliest queued."""
-        policy, aging = self.policy(g.name)
-        waiters = list(g.queue.values())
-        if policy == ev.POLICY_LRS:
-            # Never served goes first; sort is stable, so ties keep queue order.
-            return min(waiters, key=lambda w: g.last_served.get(w.job, float("-inf"))).job
-        if policy == ev.POLICY_PRIORITY:
-            return max(waiters, key=lambda w: w.priority + (now - w.since) / aging).job
-        return waiters[0].job
+    def _chosen(self, g: Group, now: float) -> Waiter:
+        return chosen(g, *self.policy(g.name), now)
 
     def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
         g.holder = None
@@ -531,7 +585,7 @@ class LockTable:
             g.active_job = g.loaded_job = h.previous_job
         # Only a grant still switching has a call waiting for it: that call fails.
         revoked = ev.Revoked(g.name, h.job, h.token, reason, h.call_id if h.switching else "")
-        return [revoked, *self._grant_next(g, now)]
+        return [revoked, *self._serve(g, now)]
 
     def _remember(self, request_id: str, outcome: _AcquireOutcome | ev.Yielded) -> None:
         if not request_id:
@@ -630,19 +684,25 @@ class LockTable:
 
     def validate(self) -> None:
         """Raise AssertionError if an invariant does not hold."""
-        calls: list[str] = []
+        # call id -> (job, bundle) of every place the call is attached to
+        calls: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
         for name, g in self.groups.items():
             assert g.name == name, (name, g.name)
             assert g.token >= 0
+            assert not set(g.queue) & set(g.quarantined), f"{name}: a quarantined job waits"
             for job, w in g.queue.items():
                 assert w.job == job, (job, w.job)
-                calls.append(w.call_id)
+                assert not w.bundle or name in w.bundle, f"{name}: {job}'s bundle {w.bundle}"
+                for other in w.bundle:
+                    peer = self.groups[other].queue.get(job)
+                    assert peer is not None and peer.ticket == w.ticket, f"{job} not in {other}"
+                calls.setdefault(w.call_id, []).append((job, w.bundle))
             h = g.holder
             if h is None:
-                assert not g.queue, f"{name}: waiters queued on a free group"
+                kept = any(w.bundle for w in g.queue.values())
+                assert kept or not g.queue, f"{name}: waiters queued on a free group"
                 continue
             assert h.job not in g.queue, f"{name}: holder {h.job} is also queued"
-            assert not set(g.queue) & set(g.quarantined), f"{name}: a quarantined job waits"
             assert h.token == g.token, f"{name}: holder token {h.token} is not {g.token}"
             assert h.job not in g.quarantined, f"{name}: quarantined {h.job} holds it"
             if h.switching:
@@ -650,9 +710,12 @@ class LockTable:
                 assert g.loaded_job != h.job, f"{name}: switching to {h.job}, already loaded"
             else:
                 assert g.active_job == g.loaded_job == h.job, f"{name}: holder's context not live"
-            calls.append(h.call_id)
-        attached = [c for c in calls if c]
-        assert len(attached) == len(set(attached)), "one call attached to two places"
+            calls.setdefault(h.call_id, []).append((h.job, h.bundle))
+        for call, places in calls.items():
+            if call and len(places) > 1:
+                job, bundle = places[0]
+                assert bundle and set(places) == {(job, bundle)}, f"call {call} in {places}"
+                assert len(places) <= len(bundle), f"call {call} in {places}"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the whole table."""
@@ -665,6 +728,7 @@ class LockTable:
             "agents": dict(self.agents),
             "job_backends": deepcopy(self.job_backends),
             "claim_grace": self.claim_grace,
+            "tickets": self.tickets,
             "groups": [
                 {
                     "name": g.name,
@@ -694,13 +758,14 @@ class LockTable:
         table.agents = dict(data.get("agents", {}))
         table.job_backends = deepcopy(data.get("job_backends", {}))
         table.claim_grace = data.get("claim_grace", table.claim_grace)
+        table.tickets = data.get("tickets", 0)
         for gd in data["groups"]:
             g = Group(
                 name=gd["name"],
                 state_since=gd["state_since"],
                 token=gd["token"],
-                holder=Holder(**gd["holder"]) if gd["holder"] else None,
-                queue=OrderedDict((w["job"], Waiter(**w)) for w in gd["queue"]),
+                holder=_holder(gd["holder"]) if gd["holder"] else None,
+                queue=OrderedDict((w["job"], _waiter(w)) for w in gd["queue"]),
                 active_job=gd["active_job"],
                 loaded_job=gd["loaded_job"],
                 last_served=dict(gd.get("last_served", {})),
@@ -714,6 +779,14 @@ class LockTable:
         for rid, kind, fields in data["recent"]:
             table.recent[rid] = outcome_types[kind](**fields)
         return table
+
+
+def _holder(data: dict[str, Any]) -> Holder:
+    return Holder(**{**data, "bundle": tuple(data.get("bundle", ()))})
+
+
+def _waiter(data: dict[str, Any]) -> Waiter:
+    return Waiter(**{**data, "bundle": tuple(data.get("bundle", ()))})
 
 
 def check_id(name: str, value: str) -> None:

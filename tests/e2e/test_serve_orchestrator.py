@@ -5,42 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import grpclib.client
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from orchestrator_process import TIMESLICE, Server, Stub, connect, free_port
+
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
-
-TIMESLICE = [sys.executable, "-m", "timeslice"]
-CALL_TIMEOUT = 10.0
-Stub = pb.TimeSliceOrchestratorServiceStub
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@asynccontextmanager
-async def connect(port: int) -> AsyncIterator[Stub]:
-    channel = grpclib.client.Channel("127.0.0.1", port)
-    try:
-        yield pb.TimeSliceOrchestratorServiceStub(channel, timeout=CALL_TIMEOUT)
-    finally:
-        channel.close()
 
 
 async def status_of(stub: Stub, group: str) -> pb.GroupStatus:
@@ -69,59 +47,9 @@ def acquire(job: str, group: str, request_id: str = "") -> pb.AcquireRequest:
     return pb.AcquireRequest(job_id=job, group_id=group, request_id=request_id)
 
 
-class Server:
-    """One `timeslice serve orchestrator` process; its log goes to a file."""
-
-    def __init__(self, port: int, db: str, log: Path, *options: str) -> None:
-        self.port, self.log = port, log
-        command = [*TIMESLICE, "serve", "orchestrator", "--port", str(port), "--db", db, *options]
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent
-            )
-
-    async def ready(self, timeout: float = 30.0) -> None:
-        """Wait until it answers ListGroups."""
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.process.poll() is None, f"the server exited:\n{self.log.read_text()}"
-            async with connect(self.port) as stub:
-                try:
-                    await stub.list_groups(timeout=1)
-                    return
-                except (OSError, GRPCError, TimeoutError):
-                    pass
-            assert time.monotonic() < deadline, (
-                f"the server never answered:\n{self.log.read_text()}"
-            )
-            await asyncio.sleep(0.1)
-
-    def stop(self, sig: signal.Signals, timeout: float) -> int:
-        self.process.send_signal(sig)
-        return self.process.wait(timeout)
-
-
 @pytest.fixture
 def journal(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'journal.db'}"
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Awaitable[Server]]]:
-    """Start servers; each is killed at the end of the test if still running."""
-    started: list[Server] = []
-
-    async def start(port: int, db: str, *options: str) -> Server:
-        server = Server(port, db, tmp_path / "server.log", *options)
-        started.append(server)
-        await server.ready()
-        return server
-
-    yield start
-    for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-        server.process.wait(10)
 
 
 async def test_sigkill_and_restart_keep_holder_queue_and_token(

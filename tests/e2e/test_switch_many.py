@@ -13,68 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+
+from recorded_workloads import NodeRecord, RecordedWorkload
 
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.client.workload import register_workload
-from timeslice.workloads import HostMemoryWorkload
 
 GROUP = "g"
 JOBS = ("job-a", "job-b", "job-c")
 SWITCHES = 500
 ELEMENTS = 16 * 1024  # 128 KiB per array
-
-
-@dataclass
-class NodeRecord:
-    """What one node saw: the contexts live on it now, and every violation."""
-
-    name: str
-    live: set[str] = field(default_factory=set)
-    most_live: int = 0
-    violations: list[str] = field(default_factory=list)
-    restores: int = 0
-
-
-class RecordedWorkload:
-    """A host-memory workload that tells its node's record when it moves."""
-
-    def __init__(self, job: str, record: NodeRecord, store: Path) -> None:
-        self.job, self.record = job, record
-        self.memory = HostMemoryWorkload(store)
-        self.memory.allocate("weights", ELEMENTS, np.float64)
-        self.memory["weights"][:] = -1.0
-        self.memory.snapshot()  # the job starts with its context saved
-        self.written = -1.0
-
-    @property
-    def state(self) -> str:
-        return self.memory.state
-
-    def snapshot(self, mode: str, tags: Iterable[str]) -> tuple[int, int]:
-        moved = self.memory.snapshot(mode, tags)
-        self.record.live.discard(self.job)
-        return moved
-
-    def restore(self, tags: Iterable[str]) -> tuple[int, int]:
-        others = self.record.live - {self.job}
-        if others:
-            self.record.violations.append(f"{self.job} restored while {others} live")
-        moved = self.memory.restore(tags)
-        self.record.live.add(self.job)
-        self.record.most_live = max(self.record.most_live, len(self.record.live))
-        self.record.restores += 1
-        return moved
-
-    def check_and_write(self, value: float) -> None:
-        weights = self.memory["weights"]
-        assert np.all(weights == self.written), f"{self.job}: restored bytes differ"
-        weights[:] = value
-        self.written = value
 
 
 async def test_500_switches_over_two_nodes_never_two_live_contexts(tmp_path: Path) -> None:

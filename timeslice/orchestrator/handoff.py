@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from timeslice._failpoints import SWITCH_JOURNALED, SWITCH_MOVED, failpoint
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.errors import LeaseLostError, TimeSliceError
@@ -80,11 +81,13 @@ class HandoffDriver:
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
 
     async def _switch(self, switch: ev.SwitchStarted) -> None:
+        failpoint(SWITCH_JOURNALED)
         deadline = time.time() + self.timeout
         nodes = self.orch.table.nodes.get(switch.group, ())
         results = await asyncio.gather(*(self._node(node, switch, deadline) for node in nodes))
         if any(r.error == _SUPERSEDED for r in results):
             return  # a newer grant of the group took over; its switch does the work
+        failpoint(SWITCH_MOVED)
         errors = [f"{r.node}: {r.error}" for r in results if r.error]
         faults = dict(f for r in results for f in r.faults)  # one reason per job
         done = ev.SwitchDone(

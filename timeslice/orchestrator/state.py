@@ -103,6 +103,7 @@ class Holder:
     switching: bool = False  # the agents are still moving contexts for this grant
     queued_at: float = 0.0  # when its Acquire began waiting
     bundle: tuple[str, ...] = ()  # the groups granted together with this one
+    restored: bool = False  # its switch brought its context back (told when it is claimed)
 
     @property
     def lease(self) -> ev.LeaseInfo:
@@ -304,7 +305,13 @@ class LockTable:
             return effects  # answered when the switch is done
         h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
         self._arm_holder(g)
-        granted = ev.Granted(g.name, h.job, e.call_id, h.token, h.lease, 0.0, False, unclaimed)
+        # A grant nobody had taken yet is delivered now, as it was made; a holder
+        # asking again is told that nothing was moved for this call.
+        waited = h.granted_at - h.queued_at if unclaimed else 0.0
+        restored = h.restored and unclaimed
+        granted = ev.Granted(
+            g.name, h.job, e.call_id, h.token, h.lease, waited, restored, unclaimed
+        )
         return [*effects, granted]
 
     def _reattach(self, g: Group, w: Waiter, e: ev.Acquire) -> list[Effect]:
@@ -487,7 +494,7 @@ class LockTable:
             why = e.error or g.quarantined[h.job]
             g.loaded_job = ""  # where the contexts are is not known: the next grant switches
             return [*effects, *self._end_grant(g, h, f"switch failed: {why}", e.now)]
-        h.switching, h.granted_at = False, e.now
+        h.switching, h.granted_at, h.restored = False, e.now, e.restored
         h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
         if not h.call_id:
             h.claim_deadline = e.now + self.claim_grace

@@ -11,6 +11,11 @@ each with one JSON line:
     rss     {"rss_bytes": N}                 the process's resident memory now
     verify  {"ok": true|false, ...}          every byte against the seed
     state   {"state": "RUNNING"|"SAVED", "connected": bool, "saved": [names]}
+    acquire ORCHESTRATOR TTL
+            {"granted": true, "fencing_token": N, "context_restored": bool}
+                                             the job takes its group's lock; TTL in
+                                             seconds, or "none" for no lease at all
+                                             (as a v1alpha1 client: no keepalives)
     quit    {"bye": true}                    (end of input does the same)
 
 The workload's arrays: weights (1/2 of the bytes), kv_cache (1/4), optimizer
@@ -29,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from timeslice import TimeSliceOrchestratorClient
 from timeslice.client.workload import register_workload_in_thread
 from timeslice.workloads import ArraySavedError, HostMemoryWorkload
 
@@ -130,6 +136,17 @@ def main() -> int:
                         "saved": sorted(workload.saved),
                     }
                 )
+            elif command.startswith("acquire "):
+                _, target, ttl = command.split()
+                lock = TimeSliceOrchestratorClient(
+                    target,
+                    args.job,
+                    args.group,
+                    lease_ttl_sec=None if ttl == "none" else float(ttl),
+                )
+                granted = lock.acquire()
+                answer({"granted": granted.success, "fencing_token": granted.fencing_token,
+                        "context_restored": granted.context_restored})  # fmt: skip
             elif command == "quit":
                 break
             elif command:

@@ -258,13 +258,21 @@ def status(
         if not groups:
             typer.echo("no groups yet")
         for name in groups:
-            g = (await client.get_status(name)).group
+            answer = await client.get_status(name)
+            g = answer.group
             queue = ", ".join(g.waiting_jobs) or "-"
             typer.echo(
                 f"{g.group_id}: {g.group_state.value}  holder={g.locking_job or '-'}  "
                 f"active={g.active_job or '-'}  loaded={g.loaded_job or '-'}  "
                 f"queue[{g.waiter_queue_depth}]={queue}  token={g.fencing_token}"
             )
+            if g.nodes:
+                seen = ", ".join(
+                    f"{s.agent}/{s.job_id}={s.job_state.value}" for s in answer.agent_job_states
+                )
+                typer.echo(f"  nodes: {', '.join(g.nodes)}  contexts: {seen or '-'}")
+            for job, why in g.quarantined_jobs.items():
+                typer.echo(f"  quarantined: {job} ({why}); `timeslice reset-job {name} {job}`")
 
     _with_client(target, show)
 
@@ -314,6 +322,35 @@ def force_release(
         typer.echo(f"took {group} from {result.released_job_id}{after}")
 
     _with_client(target, take_away)
+
+
+@app.command("reset-job")
+def reset_job(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
+    """Operator action: lift JOB's quarantine on GROUP (after a snapshot or restore of
+    its context failed), on the orchestrator and on the group's agents."""
+
+    async def reset(client: AsyncTimeSliceOrchestratorClient) -> None:
+        was = await client.reset_job(job_id=job, group_id=group)
+        typer.echo(
+            f"{job} may hold {group} again" if was else f"{job} was not quarantined on {group}"
+        )
+
+    _with_client(target, reset)
+
+
+@app.command("group-nodes")
+def group_nodes(
+    group: str,
+    nodes: Annotated[list[str], typer.Argument(help="Node names or agent addresses HOST:PORT.")],
+    target: Target = DEFAULT_TARGET,
+) -> None:
+    """Name the nodes GROUP spans (its grants switch the contexts on all of them)."""
+
+    async def set_nodes(client: AsyncTimeSliceOrchestratorClient) -> None:
+        await client.set_group_nodes(nodes, group_id=group)
+        typer.echo(f"{group} spans {', '.join(nodes)}")
+
+    _with_client(target, set_nodes)
 
 
 @app.command()

@@ -266,3 +266,17 @@ def test_snapshot_and_restore_race_safely_with_a_reader(workload: HostMemoryWork
         reader.join(10)
     assert sums and set(sums) == {expected}
     assert workload.state == "RUNNING"
+
+
+def test_workloads_sharing_a_store_directory_keep_their_own_bytes(tmp_path: Path) -> None:
+    first, second = HostMemoryWorkload(tmp_path), HostMemoryWorkload(tmp_path)
+    first.allocate("weights", 1000, np.int32)[:] = 1
+    second.allocate("weights", 1000, np.int32)[:] = 2
+    second.snapshot()
+    first.snapshot()  # the same array, the same count: a file of its own all the same
+    first.restore()
+    second.restore()
+    assert np.all(first["weights"] == 1) and np.all(second["weights"] == 2)
+    assert list(tmp_path.iterdir()) == []
+    first.close()
+    second.close()

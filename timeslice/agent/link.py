@@ -1,11 +1,13 @@
 """The agent's link to its orchestrator: it registers itself and reports its jobs.
 
 One long-lived `AgentSession` stream: a report when it opens (node name, address,
-groups to join, every job with its state and liveness) and another after every
-change, whether of the job table or of a job's processes (each watched through a
-pidfd, so a process that exits is reported at once, nothing polled). A broken
-stream is opened again with backoff, so that a restarted orchestrator hears
-from every agent within about a second of its start.
+groups to join, every job with its state and liveness) and another whenever what
+the orchestrator acts on changes: a job appearing or leaving, or its liveness
+(its workload channel closing, its processes exiting: each watched through a
+pidfd, so an exit is reported at once, nothing polled). Moving contexts about
+changes none of it, so a switch sends no report. A broken stream is opened again
+with backoff, so that a restarted orchestrator hears from every agent within
+about a second of its start.
 """
 
 from __future__ import annotations
@@ -75,12 +77,20 @@ class OrchestratorLink:
         async with channel.request(
             AGENT_SESSION, Cardinality.STREAM_UNARY, opb.AgentReport, opb.AgentSessionEnd
         ) as stream:
+            await stream.send_request()
+            # The orchestrator answers only when it ends the session (or the
+            # connection breaks): waiting for that answer tells us.
             ended = asyncio.ensure_future(stream.recv_message())
+            last: tuple[object, ...] | None = None
             try:
                 while True:
                     self.agent.changed.clear()
-                    await stream.send_message(self.report())
-                    self.reports_sent += 1
+                    report = self.report()
+                    seen = _what_matters(report)
+                    if seen != last:
+                        await stream.send_message(report)
+                        self.reports_sent += 1
+                        last = seen
                     changed = asyncio.ensure_future(self.agent.changed.wait())
                     await asyncio.wait({ended, changed}, return_when=asyncio.FIRST_COMPLETED)
                     changed.cancel()
@@ -134,3 +144,10 @@ class OrchestratorLink:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
+
+
+def _what_matters(report: opb.AgentReport) -> tuple[object, ...]:
+    """What of a report the orchestrator acts on: the agent itself, and which jobs
+    it has with which liveness (not where their contexts are)."""
+    jobs = sorted((j.group, j.job_id, int(j.liveness)) for j in report.jobs)
+    return (report.node_name, report.address, tuple(report.groups), tuple(jobs))

@@ -1,6 +1,13 @@
 """Where the agent keeps its job table: one JSON document, saved whole after every
-change (a node has a handful of jobs), in SQLite (WAL, synchronous=FULL) or in
-memory. A restart loads it back, so that no saved job is forgotten."""
+change (a node has a handful of jobs), in SQLite or in memory. A restart loads it
+back, so that no saved job is forgotten.
+
+SQLite runs in WAL mode with synchronous=NORMAL: a commit is in the operating
+system's hands when `save` returns, so a crash or a kill of the agent loses
+nothing, and no commit waits for the disk. Only a power loss could take the last
+commits back, and a power loss also ends every process whose context the table
+describes: the table that matters after a reboot is an empty one.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ class StateStore:
             raise ValueError("the agent keeps its state in SQLite (a file on its node)")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="timeslice-agent-store")
         self._engine = sa.create_engine(url, connect_args={"timeout": 30})
-        configure_sqlite(self._engine)
+        configure_sqlite(self._engine, synchronous="NORMAL")
         engine = self._engine
         await self._in_thread(lambda: _metadata.create_all(engine))
 
@@ -81,10 +88,20 @@ class StateStore:
         engine = self._engine
 
         def write() -> None:
-            with engine.begin() as conn:
-                conn.execute(_documents.delete().where(_documents.c.key == _KEY))
-                conn.execute(
-                    _documents.insert(), {"key": _KEY, "saved_at": time.time(), "doc": text}
-                )
+            # One statement on the DB-API connection: SQLAlchemy's per-statement
+            # work would cost more than the write itself.
+            with engine.connect() as conn:
+                raw = conn.connection.dbapi_connection
+                assert raw is not None
+                raw.execute("BEGIN IMMEDIATE")
+                try:
+                    raw.execute(
+                        "INSERT OR REPLACE INTO agent_state (key, saved_at, doc) VALUES (?, ?, ?)",
+                        (_KEY, time.time(), text),
+                    )
+                    raw.execute("COMMIT")
+                except BaseException:
+                    raw.execute("ROLLBACK")
+                    raise
 
         await self._in_thread(write)

@@ -319,16 +319,17 @@ def normalize_url(url: str) -> str:
     )
 
 
-def configure_sqlite(engine: sa.Engine) -> None:
-    """WAL with full sync, and transactions that take the write lock when they begin
-    (`BEGIN IMMEDIATE`), since the driver's own transaction handling would not."""
+def configure_sqlite(engine: sa.Engine, synchronous: str = "FULL") -> None:
+    """WAL with `synchronous` (FULL: a commit survives a power loss), and
+    transactions that take the write lock when they begin (`BEGIN IMMEDIATE`),
+    since the driver's own transaction handling would not."""
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 

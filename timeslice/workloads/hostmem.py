@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ class HostMemoryWorkload:
         self._lock = threading.RLock()
         self._regions: dict[str, _Region] = {}
         self._next_file = 0
+        self._file_prefix = uuid.uuid4().hex[:12]
         self._closed = False
         self._cleanup: Callable[[], object] | None = None
         if store_dir is None:
@@ -274,13 +276,10 @@ class HostMemoryWorkload:
             return read, restored
 
     def _offload(self, region: _Region) -> int:
-        path = self._store_dir / f"{self._next_file:06d}.bin"
+        # Named for this workload, so that workloads sharing a directory never meet.
+        path = self._store_dir / f"{self._file_prefix}-{self._next_file:06d}.bin"
         self._next_file += 1
-        try:
-            _write_file(path, region.memory)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+        _write_file(path, region.memory)
         region.file = path
         return region.nbytes
 
@@ -414,6 +413,8 @@ def _unmap(region: _Region) -> int:
 
 
 def _write_file(path: Path, memory: mmap.mmap | None) -> None:
+    """Write `memory` to a new file at `path`; a file that is there already is left
+    alone (FileExistsError), one half written by this call is removed."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         if memory is not None:
@@ -421,8 +422,11 @@ def _write_file(path: Path, memory: mmap.mmap | None) -> None:
                 offset = 0
                 while offset < len(view):
                     offset += os.write(fd, view[offset : offset + CHUNK_BYTES])
-    finally:
+    except BaseException:
         os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
 
 
 def _read_file(path: Path, memory: mmap.mmap | None, size: int) -> None:

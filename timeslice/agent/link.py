@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.client._transport import backoff_delays, parse_target
 
@@ -42,6 +43,7 @@ class OrchestratorLink:
         self.target = target
         self._task: asyncio.Task[None] | None = None
         self._pidfds: dict[int, int] = {}
+        self._accelerators: list[apb.AcceleratorStatus] = []
         #: Reports the orchestrator has accepted (tests and logs read it).
         self.reports_sent = 0
 
@@ -78,6 +80,13 @@ class OrchestratorLink:
             AGENT_SESSION, Cardinality.STREAM_UNARY, opb.AgentReport, opb.AgentSessionEnd
         ) as stream:
             await stream.send_request()
+            # Registration says which accelerators the node has (their ids and sizes).
+            self._accelerators = [
+                apb.AcceleratorStatus(
+                    id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
+                )
+                for m in await self.agent.accelerators()
+            ]
             # The orchestrator answers only when it ends the session (or the
             # connection breaks): waiting for that answer tells us.
             ended = asyncio.ensure_future(stream.recv_message())
@@ -119,6 +128,7 @@ class OrchestratorLink:
             address=config.advertise or agent.address,
             groups=list(config.groups),
             jobs=jobs,
+            accelerators=self._accelerators,
         )
 
     # --- processes ending -------------------------------------------------------------

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 # Finished operations saved with the job table: what GetOperation can still answer
 # after a restart (every pending one is saved too).
-SAVED_OPERATIONS = 64
+SAVED_OPERATIONS = 16
 
 
 @dataclass(frozen=True)

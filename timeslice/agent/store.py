@@ -81,7 +81,7 @@ class StateStore:
 
     async def save(self, document: dict[str, Any]) -> None:
         """Replace the saved document, durably."""
-        text = json.dumps(document)
+        text = json.dumps(document, separators=(",", ":"))
         if self._engine is None:
             self._memory = text
             return

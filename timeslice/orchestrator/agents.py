@@ -41,16 +41,23 @@ class AgentDirectory:
         # Node name -> address, and the liveness of its jobs by (group, job), for
         # every agent in session now.
         self.addresses: dict[str, str] = {}
+        self.accelerators: dict[str, dict[str, int]] = {}
         self._liveness: dict[str, dict[tuple[str, str], str]] = {}
         self._sessions: dict[str, object] = {}
         self._arrived = asyncio.Event()
 
     def reported(
-        self, session: object, node: str, address: str, liveness: dict[tuple[str, str], str]
+        self,
+        session: object,
+        node: str,
+        address: str,
+        liveness: dict[tuple[str, str], str],
+        accelerators: dict[str, int],
     ) -> None:
-        """An agent in `session` reported its jobs."""
+        """An agent in `session` reported its jobs (and its accelerators: id -> bytes)."""
         self._sessions[node] = session
         self.addresses[node] = address
+        self.accelerators[node] = accelerators
         self._liveness[node] = liveness
         self._arrived.set()
         self._arrived = asyncio.Event()
@@ -61,6 +68,7 @@ class AgentDirectory:
         if self._sessions.get(node) is session:
             del self._sessions[node]
             self.addresses.pop(node, None)
+            self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
 
     async def reset(self, group: str, job: str, addresses: Sequence[str]) -> None:

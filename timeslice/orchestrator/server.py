@@ -464,6 +464,7 @@ class Orchestrator:
         address: str,
         groups: list[str],
         liveness: dict[tuple[str, str], str],
+        accelerators: dict[str, int] | None = None,
     ) -> None:
         """An agent in session reported: register it (journaled when new), join the
         groups it names, and revoke holders whose every workload is gone."""
@@ -476,7 +477,7 @@ class Orchestrator:
             known = self.table.nodes.get(group, ())
             if node not in known:
                 self.apply(ev.SetGroupNodes(now, group, (*known, node)))
-        self.agents.reported(session, node, address, liveness)
+        self.agents.reported(session, node, address, liveness, accelerators or {})
         for group, nodes in self.table.nodes.items():
             if node in nodes or address in nodes:
                 self._check_holder(group)
@@ -612,7 +613,7 @@ class Orchestrator:
                         now, group, grant.token, ev.REASON_NOT_DELIVERED, call.call_id
                     )
                     self.apply(revoke)
-            elif h is not None and h.call_id == call.call_id:  # granted, still switching
+            elif h is not None and h.call_id == call.call_id and h.switching:
                 self.apply(ev.Revoke(now, group, h.token, ev.REASON_NOT_DELIVERED, call.call_id))
             else:
                 self.apply(ev.DropWaiter(now, group, call.job, call.call_id, ev.REASON_CANCELLED))

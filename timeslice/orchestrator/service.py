@@ -166,8 +166,14 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         try:
             async for report in self.orch.until_closed(messages):
                 liveness = {(j.group, j.job_id): _LIVENESS.get(j.liveness, "") for j in report.jobs}
+                accelerators = {a.id: a.memory_total_bytes for a in report.accelerators}
                 self.orch.agent_reported(
-                    session, report.node_name, report.address, list(report.groups), liveness
+                    session,
+                    report.node_name,
+                    report.address,
+                    list(report.groups),
+                    liveness,
+                    accelerators,
                 )
                 node = report.node_name
         finally:

@@ -558,8 +558,9 @@ def test_a_grant_to_a_detached_waiter_is_claimed_by_its_acquire(t: Harness) -> N
     t.acquire("b", now=1)
     t.handle(ev.Recover(10.0, grace=5.0))
     t.yield_("a", now=12)
+    # Delivered as it was made: b waited from 1 (queued) to 12 (granted).
     assert t.acquire("b", now=13, call_id="1.b") == [
-        ev.Granted("g", "b", "1.b", 2, no_lease(2), 0.0, False)
+        ev.Granted("g", "b", "1.b", 2, no_lease(2), 11.0, False)
     ]
     assert t.table.next_deadline() is None
     assert t.run_due(1e6) == []

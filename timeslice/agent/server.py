@@ -11,6 +11,7 @@ made while the previous write was under way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -114,10 +115,12 @@ class Agent:
         self._waiting: list[asyncio.Future[None]] = []
         self._effects: list[st.Effect] = []
         self._saver: asyncio.Task[None] | None = None
+        self._writing: asyncio.Future[Any] | None = None  # the changes the write under way saves
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running operations
         self._background: set[asyncio.Task[None]] = set()
         self._reconciling: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._done: dict[str, asyncio.Event] = {}
+        self._done: dict[str, asyncio.Event] = {}  # set once an operation's end is saved
+        self._ended: dict[str, asyncio.Event] = {}  # set as soon as it is in the table
         self._timer: asyncio.TimerHandle | None = None
         self.gate = CallGate("the agent", self.config.max_message_bytes)
         #: Set when the agent starts closing (health watchers are told).
@@ -241,6 +244,9 @@ class Agent:
         """Handle `event`; the future resolves once the table is saved and the
         effects are under way. Raises (changing nothing) if the table refuses it."""
         effects = self.table.handle(event)
+        for effect in effects:
+            if isinstance(effect, st.Done) and (ended := self._ended.pop(effect.op_id, None)):
+                ended.set()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._effects += effects
         self._waiting.append(done)
@@ -250,9 +256,13 @@ class Agent:
 
     async def _save(self) -> None:
         try:
+            # One turn of the loop first, so that what is decided in the same moment
+            # (a switch starting its restore as its snapshot ends) joins this write.
+            await asyncio.sleep(0)
             while self._waiting:
                 waiting, self._waiting = self._waiting, []
                 effects, self._effects = self._effects, []
+                self._writing = asyncio.gather(*waiting, return_exceptions=True)
                 try:
                     await self._store.save(self.table.to_dict(finished=SAVED_OPERATIONS))
                 except Exception as exc:
@@ -268,7 +278,7 @@ class Agent:
                 self._rearm()
                 self.changed.set()
         finally:
-            self._saver = None
+            self._saver = self._writing = None
 
     def _act(self, effects: list[st.Effect]) -> None:
         for effect in effects:
@@ -411,6 +421,27 @@ class Agent:
         )
         await self._apply(event)
         return self.table.job(group, job).operation
+
+    async def ended(self, op_id: str, wait: float) -> None:
+        """Return once operation `op_id` has ended in the job table (its end perhaps not
+        saved yet: see `flush`), or after `wait` seconds."""
+        op = self.table.operations.get(op_id)
+        if op is not None and op.status is OpStatus.PENDING and wait > 0:
+            event = self._ended.setdefault(op_id, asyncio.Event())
+            # asyncio.timeout, not wait_for: no task in between, so that this caller
+            # runs in the very turn of the loop the operation ends in.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await event.wait()
+
+    async def flush(self) -> None:
+        """Return once every change made so far is saved."""
+        if self._waiting:  # changes not taken by a write yet: wait for the next one
+            saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(saved)
+            await saved
+        elif self._writing is not None:  # the write under way has them all
+            await asyncio.shield(self._writing)
 
     async def operation(self, op_id: str, wait: float = 0.0) -> Operation:
         """Operation `op_id`, once finished or after `wait` seconds, whichever first."""

@@ -141,16 +141,20 @@ class AgentService(pb.SnapshotAgentServiceBase):
         state = JobState.SAVED if register.state == pb.JobState.SAVED else JobState.RUNNING
         if register.state not in (pb.JobState.UNSPECIFIED, pb.JobState.RUNNING, pb.JobState.SAVED):
             raise InvalidArgumentError("a workload registers as RUNNING or SAVED")
-        await self.agent.register(channel, state)
-        reader = asyncio.ensure_future(self._read_results(channel, messages))
+        reader: asyncio.Future[None] | None = None
         try:
+            # Inside the try: a stream that ends while the registration is being saved
+            # still unregisters the channel (which `register` attached at once).
+            await self.agent.register(channel, state)
+            reader = asyncio.ensure_future(self._read_results(channel, messages))
             while (command := await channel.outbox.get()) is not None:
                 yield command_message(command)
             if channel.failure is not None:
                 raise channel.failure
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
             reason = channel.closed or "the workload channel closed"
             self.agent.unregister(channel, reason, deregistered=reason == DEREGISTERED)
 

@@ -81,6 +81,9 @@ async def switch_group(
             choice = jobs.get(next_job)
             steps += await _run_all(agent, group, st.RESTORE, {next_job: choice}, token, deadline)
             target = agent.table.find(group, next_job)
+        # The snapshots' ends are saved with the restore's start (one write for both);
+        # nothing is answered before all of it is saved.
+        await agent.flush()
     restored = False
     if target is not None:
         op = agent.table.operations.get(target.operation)
@@ -143,13 +146,16 @@ async def _run_all(
     token: int,
     deadline: float,
 ) -> list[SwitchStep]:
-    """Start `kind` for every job at once, then wait for all of them."""
-    started = await asyncio.gather(
-        *(_start(agent, group, kind, job, choice, token, deadline) for job, choice in jobs.items())
-    )
+    """Start `kind` for every job at once, then wait for all of them to end."""
+    starts = [
+        _start(agent, group, kind, job, choice, token, deadline) for job, choice in jobs.items()
+    ]
+    # One job starts right here, in this turn of the loop: a restore started as the
+    # snapshots end then shares their write of the job table.
+    started = [await starts[0]] if len(starts) == 1 else await asyncio.gather(*starts)
     for step in started:
         if step.op is not None:
-            await agent.operation(step.op.op_id, max(0.0, deadline - time.time()))
+            await agent.ended(step.op.op_id, max(0.0, deadline - time.time()))
     return [
         SwitchStep(s.job, s.kind, agent.table.operations.get(s.op.op_id, s.op)) if s.op else s
         for s in started

@@ -1,0 +1,567 @@
+"""Switch latency: what the agents add to a handoff, and what moving contexts costs.
+
+    python benchmarks/switch.py --json OUT [--rounds 200] [--mib 256] [--switches 5] [--quick]
+
+In one run, side by side, every server in a process of its own:
+
+  echo       a plain grpclib unary round trip (benchmarks/handoff.py's echo server):
+             back to back, and after the same pause as each Yield below (paced).
+  handoff    an orchestrator whose group has no nodes: from job A sending Yield to
+             job B's blocked Acquire returning (benchmarks/handoff.py's loop; B is
+             another process and stamps the time itself).
+  switch     the same loop on a second orchestrator whose group spans two nodes,
+             each with its own agent process (noop backend, SQLite job table on
+             disk), A and B registered with the noop backend: before B's Acquire
+             returns, both agents snapshot A and restore B. Each round also
+             switches back to A (A's next Acquire), unmeasured.
+  hostmem    two host-memory workload processes (tests/workloads/hostmem_worker.py,
+             --mib each) registered with one agent, on a group of that node;
+             this process alternates them as holders: Yield sent -> the other's
+             Acquire returned, against the bytes moved per switch (one workload
+             written out to files, the other read back) and a plain numpy copy
+             of as many bytes in this process.
+
+The groups name their nodes by the agents' addresses (SetGroupNodes), so that no
+switch waits for an agent to register; each agent is also in session with the
+orchestrator, as in a deployment (`--orchestrator`).
+
+Plain handoffs and noop switches are measured in interleaved blocks, so that both
+share the machine's background load. Both orchestrators journal to SQLite files
+in a temporary directory with their defaults (WAL, synchronous=FULL). A last,
+shorter batch of switches runs with a Watch open on the group to split each
+switch at the orchestrator's SWITCH_STARTED and GRANTED events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.workloads
+from agent import Spawned, memcpy_gbps  # noqa: E402
+from handoff import (  # noqa: E402
+    HANDOFF_GROUP,
+    JOB_A,
+    JOB_B,
+    Handoffs,
+    ServerProcess,
+    machine,
+    measure_echo,
+    measure_handoffs,
+    now,
+    percentile,
+    receive,
+)
+
+from tests.workloads.worker_process import hostmem_worker  # noqa: E402
+from timeslice.api.gen.snapshot_agent.v1alpha1 import SwitchJob  # noqa: E402
+from timeslice.client import (  # noqa: E402
+    AsyncSnapshotAgentClient,
+    AsyncTimeSliceOrchestratorClient,
+    WatchEvent,
+    WatchEventKind,
+    named_backend,
+)
+
+MiB = 1024**2
+NODES = ("n1", "n2")
+HOSTMEM_GROUP = "hostmem"
+HOSTMEM_JOBS = ("w1", "w2")
+DIRECT_GROUP = "direct"
+DIRECT_JOBS = ("da", "db")
+_direct_tokens = itertools.count(1)  # fencing tokens of the direct switches: always newer
+TARGET_ECHO_RTTS = 5.0
+ms = 1000
+
+
+# --- servers, each in its own process ---------------------------------------------------
+
+
+def serve_orchestrator(conn: Connection, db: str) -> None:
+    """Process entry point: an orchestrator; its groups' nodes are set over gRPC."""
+
+    async def main() -> None:
+        from timeslice.orchestrator.server import Orchestrator
+
+        async with Orchestrator(db=f"sqlite:///{db}", port=0) as orch:
+            conn.send(orch.address)
+            await receive(conn)
+
+    asyncio.run(main())
+
+
+def serve_agent(conn: Connection, node: str, orchestrator: str, db: str) -> None:
+    """Process entry point: the agent of `node`, in session with `orchestrator` (it
+    registers and reports its jobs; the groups name it by its address)."""
+
+    async def main() -> None:
+        from timeslice.agent.server import Agent
+
+        async with Agent(
+            node_name=node,
+            orchestrator=orchestrator,
+            backends=("noop", "app_channel"),
+            db=f"sqlite:///{db}",
+        ) as agent:
+            conn.send(agent.address)
+            await receive(conn)
+
+    asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def spawned(target: Any, *args: Any) -> AsyncIterator[Any]:
+    """`Spawned` (benchmarks/agent.py), also stopped when its child died first."""
+    child = Spawned(target, *args)
+    try:
+        yield await child.__aenter__()
+    finally:
+        try:
+            await child.__aexit__()
+        except OSError:  # the child is gone: nothing to tell
+            pass
+        finally:
+            if child.process.is_alive():
+                child.process.terminate()
+                await asyncio.to_thread(child.process.join, 5)
+
+
+# --- the measurements ---------------------------------------------------------------------
+
+
+async def set_up_groups(
+    address: str, nodes: Mapping[str, list[str]], noop: Mapping[str, tuple[str, ...]]
+) -> None:
+    """Name each group's nodes (agent addresses), and register the noop backend for
+    the `noop` jobs of each group: the agents then snapshot and restore them."""
+    async with AsyncTimeSliceOrchestratorClient(address, lease_ttl_sec=None) as client:
+        for group, agents in nodes.items():
+            await client.set_group_nodes(agents, group_id=group)
+        for group, jobs in noop.items():
+            for job in jobs:
+                await client.register_job(named_backend("noop"), job_id=job, group_id=group)
+
+
+@dataclass
+class Split:
+    """A switch as the orchestrator's Watch saw it, per measured sample, in seconds."""
+
+    to_started: list[float] = field(default_factory=list)  # Yield sent -> SWITCH_STARTED
+    started_to_granted: list[float] = field(default_factory=list)  # -> GRANTED (agents' part)
+    granted_to_return: list[float] = field(default_factory=list)  # -> B's Acquire returned
+
+
+async def collect(address: str, group: str, into: list[WatchEvent]) -> None:
+    """Every event of `group` until cancelled."""
+    async with AsyncTimeSliceOrchestratorClient(address, lease_ttl_sec=None) as client:
+        async for event in client.watch(group):
+            into.append(event)
+
+
+async def split_switches(
+    address: str, samples: int, warmup: int, settle: float
+) -> tuple[Handoffs, Split]:
+    """The switch loop again, with a Watch on the group; each sample split where the
+    orchestrator announced SWITCH_STARTED and GRANTED for B (its wall clock, the same
+    as this process's: time.time() here is mapped onto time.monotonic())."""
+    events: list[WatchEvent] = []
+    watcher = asyncio.create_task(collect(address, HANDOFF_GROUP, events))
+    try:
+        await asyncio.sleep(0.2)  # the watch is open
+        offset = time.time() - now()
+        run = await measure_handoffs(address, samples, warmup, settle)
+        await asyncio.sleep(0.2)  # the last events arrive
+    finally:
+        await _cancel(watcher)
+    stamps: dict[WatchEventKind, list[float]] = {
+        WatchEventKind.SWITCH_STARTED: [],
+        WatchEventKind.GRANTED: [],
+    }
+    for event in events:
+        if event.job_id == JOB_B and event.kind in stamps and event.time is not None:
+            stamps[event.kind].append(event.time.timestamp() - offset)
+    split = Split()
+    for sent, latency in zip(run.sent_at, run.latency, strict=True):
+        started = next((t for t in stamps[WatchEventKind.SWITCH_STARTED] if t >= sent), None)
+        granted = next((t for t in stamps[WatchEventKind.GRANTED] if t >= sent), None)
+        if started is None or granted is None or not started <= granted <= sent + latency:
+            continue
+        split.to_started.append(started - sent)
+        split.started_to_granted.append(granted - started)
+        split.granted_to_return.append(sent + latency - granted)
+    return run, split
+
+
+async def measure_agent_switches(
+    agents: list[str], samples: int, warmup: int, settle: float
+) -> list[float]:
+    """The agents' part alone: this process sends SwitchGroup to every agent at once,
+    as the orchestrator does, alternating two noop jobs of a group of their own;
+    each sample after the same pause as a Yield. Seconds, sent -> every answer."""
+    jobs = [SwitchJob(job_id=job, backend_config=named_backend("noop")) for job in DIRECT_JOBS]
+    times = []
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(AsyncSnapshotAgentClient(address)) for address in agents
+        ]
+        for i in range(warmup + samples):
+            await asyncio.sleep(settle)
+            target, token = DIRECT_JOBS[i % 2], next(_direct_tokens)
+            t0 = now()
+            answers = await asyncio.gather(
+                *(
+                    c.switch_group(DIRECT_GROUP, target, token, jobs=jobs, timeout_sec=30)
+                    for c in clients
+                )
+            )
+            took = now() - t0
+            if any(not a.restored and i > 0 for a in answers):
+                raise RuntimeError(f"SwitchGroup to {target} did not restore it: {answers}")
+            if i >= warmup:
+                times.append(took)
+    return times
+
+
+@dataclass
+class HostMemSwitches:
+    latency: list[float]  # Yield sent -> the other's Acquire returned
+    reported_bytes: list[int]  # switch_bytes of each measured GRANTED event
+    first_grant: float  # the first Acquire: the other workload written out only
+    verified: dict[str, bool]
+
+
+async def measure_hostmem(
+    address: str, agent: str, mib: int, switches: int, settle: float, store: str
+) -> HostMemSwitches:
+    """Two workloads on one agent (tests/workloads/hostmem_worker.py processes),
+    alternating as the holder of their group; each writes its arrays under `store`."""
+    events: list[WatchEvent] = []
+    async with contextlib.AsyncExitStack() as stack:
+        workers = {
+            job: await stack.enter_async_context(
+                hostmem_worker(agent, job, HOSTMEM_GROUP, mib, seed, Path(store))
+            )
+            for seed, job in enumerate(HOSTMEM_JOBS)
+        }
+        clients = {
+            job: await stack.enter_async_context(
+                AsyncTimeSliceOrchestratorClient(
+                    address, job, HOSTMEM_GROUP, lease_ttl_sec=None, call_timeout_sec=60
+                )
+            )
+            for job in HOSTMEM_JOBS
+        }
+        watcher = asyncio.create_task(collect(address, HOSTMEM_GROUP, events))
+        stack.push_async_callback(_cancel, watcher)
+        await asyncio.sleep(0.2)  # the watch is open
+        holder, waiter = HOSTMEM_JOBS
+        t0 = now()
+        await clients[holder].acquire()
+        first = now() - t0
+        latency, tokens = [], []
+        verified = {}
+        for i in range(switches + 1):
+            call = asyncio.ensure_future(_acquire(clients[waiter]))
+            while waiter not in (await clients[holder].get_status()).group.waiting_jobs:
+                if call.done():
+                    call.result()
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(settle)
+            t0 = now()
+            await clients[holder].release()
+            token = await call
+            took = now() - t0
+            if i < switches:
+                latency.append(took)
+                tokens.append(token)
+            holder, waiter = waiter, holder
+            if i >= switches - 1:  # each workload, once it holds the group again
+                verified[holder] = bool((await workers[holder].ask("verify")).get("ok"))
+        await clients[holder].release()
+        await asyncio.sleep(0.2)  # the last events arrive
+    moved = {e.fencing_token: e.switch_bytes for e in events if e.kind == WatchEventKind.GRANTED}
+    return HostMemSwitches(latency, [moved.get(t, 0) for t in tokens], first, verified)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _acquire(client: AsyncTimeSliceOrchestratorClient) -> int:
+    return (await client.acquire()).fencing_token
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def stats(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {f"{prefix}_p50_ms": math.nan, f"{prefix}_p99_ms": math.nan}
+    return {
+        f"{prefix}_p50_ms": statistics.median(values) * ms,
+        f"{prefix}_p99_ms": percentile(values, 0.99) * ms,
+    }
+
+
+def merge(runs: list[Handoffs]) -> Handoffs:
+    merged = Handoffs([], [], [], [])
+    for run in runs:
+        merged.latency += run.latency
+        merged.yield_rtt += run.yield_rtt
+        merged.sent_at += run.sent_at
+        merged.echo += run.echo
+    return merged
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    settle = args.settle_ms / 1000
+    blocks = max(1, min(args.blocks, args.rounds))
+    per_block = [args.rounds // blocks + (i < args.rounds % blocks) for i in range(blocks)]
+    with tempfile.TemporaryDirectory(prefix="timeslice-bench-") as tmp:
+        async with contextlib.AsyncExitStack() as stack:
+            echo = await stack.enter_async_context(ServerProcess("echo"))
+            plain = await stack.enter_async_context(
+                ServerProcess("orchestrator", f"{tmp}/plain.db")
+            )
+            switching = await stack.enter_async_context(
+                spawned(serve_orchestrator, f"{tmp}/switch.db")
+            )
+            agents = [
+                await stack.enter_async_context(
+                    spawned(serve_agent, node, switching, f"{tmp}/agent-{node}.db")
+                )
+                for node in NODES
+            ]
+            await set_up_groups(
+                switching,
+                {HANDOFF_GROUP: agents, HOSTMEM_GROUP: agents[:1]},
+                {HANDOFF_GROUP: (JOB_A, JOB_B)},
+            )
+
+            back_to_back = await measure_echo(echo.address, args.echoes, args.warmup)
+            handoffs, switches = [], []
+            for n in per_block:  # interleaved: both share the same background load
+                handoffs.append(
+                    await measure_handoffs(plain.address, n, args.warmup, settle, echo.address)
+                )
+                switches.append(
+                    await measure_handoffs(switching, n, args.warmup, settle, echo.address)
+                )
+            direct = await measure_agent_switches(agents, args.rounds, args.warmup, settle)
+            split_run, split = (None, Split())
+            if args.split_rounds > 0:
+                split_run, split = await split_switches(
+                    switching, args.split_rounds, args.warmup, settle
+                )
+            hostmem = None
+            if args.switches > 0:
+                hostmem = await measure_hostmem(
+                    switching, agents[0], args.mib, args.switches, settle, tmp
+                )
+    handoff, switch = merge(handoffs), merge(switches)
+    echo_p50 = statistics.median(back_to_back)
+    paced = handoff.echo + switch.echo
+    paced_p50 = statistics.median(paced)
+    handoff_p50 = statistics.median(handoff.latency)
+    switch_p50 = statistics.median(switch.latency)
+    added = switch_p50 - handoff_p50
+    result: dict[str, Any] = {
+        **stats("echo", back_to_back),
+        **stats("echo_paced", paced),
+        **stats("handoff", handoff.latency),
+        **stats("switch_noop", switch.latency),
+        **stats("agents_switch_group", direct),
+        **stats("yield_rtt_handoff", handoff.yield_rtt),
+        **stats("yield_rtt_switch", switch.yield_rtt),
+        "switch_noop_over_echo": switch_p50 / echo_p50,
+        "switch_added_ms": added * ms,
+        "switch_added_echo_rtts": added / echo_p50,
+        "switch_noop_over_echo_paced": switch_p50 / paced_p50,
+        "switch_added_echo_paced_rtts": added / paced_p50,
+        "handoff_over_echo": handoff_p50 / echo_p50,
+        "target_echo_rtts": TARGET_ECHO_RTTS,
+    }
+    result["target_met_switch_over_echo"] = result["switch_noop_over_echo"] <= TARGET_ECHO_RTTS
+    result["target_met_added_over_echo"] = result["switch_added_echo_rtts"] <= TARGET_ECHO_RTTS
+    if split.to_started:
+        result["switch_split_p50_ms"] = {
+            "yield_sent_to_switch_started": statistics.median(split.to_started) * ms,
+            "switch_started_to_granted": statistics.median(split.started_to_granted) * ms,
+            "granted_to_acquire_returned": statistics.median(split.granted_to_return) * ms,
+        }
+        assert split_run is not None
+        result["switch_split_samples"] = len(split.to_started)
+        result["switch_noop_with_watch_p50_ms"] = statistics.median(split_run.latency) * ms
+    if hostmem is not None:
+        workload_bytes = args.mib * MiB
+        computed = 2 * workload_bytes  # one workload written out, the other read back
+        reported = int(statistics.median(hostmem.reported_bytes))
+        moved = reported if reported > 0 else computed
+        switch_s = statistics.median(hostmem.latency)
+        copy = memcpy_gbps(moved, max(5, args.switches))
+        result.update(
+            hostmem_switch_p50_ms=switch_s * ms,
+            hostmem_switch_max_ms=max(hostmem.latency) * ms,
+            hostmem_first_grant_ms=hostmem.first_grant * ms,
+            switch_bytes=moved,
+            switch_bytes_source=(
+                "switch_bytes of the orchestrator's Watch GRANTED events (as the agents report)"
+                if reported > 0
+                else "computed: 2 x workload size (the Watch reported none)"
+            ),
+            switch_bytes_reported=hostmem.reported_bytes,
+            switch_bytes_computed=computed,
+            switch_gbps=moved / switch_s / 1e9,
+            memcpy_gbps=copy,
+            workloads_verified=hostmem.verified,
+        )
+        result["switch_over_memcpy"] = result["switch_gbps"] / copy
+    result["parameters"] = {
+        "rounds": args.rounds,
+        "blocks": blocks,
+        "warmup": args.warmup,
+        "echoes_back_to_back": args.echoes,
+        "settle_ms": args.settle_ms,
+        "split_rounds": args.split_rounds,
+        "mib": args.mib,
+        "switches": args.switches,
+        "quick": args.quick,
+        "nodes": list(NODES),
+        "journal": "sqlite file in a temp dir, WAL, synchronous=FULL (orchestrators)",
+        "agent_job_table": "sqlite file in a temp dir, WAL, synchronous=FULL (each agent)",
+        "transport": "grpclib over TCP loopback; every server in its own process",
+    }
+    result["machine"] = machine()
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def print_table(r: dict[str, Any]) -> None:
+    m, p = r["machine"], r["parameters"]
+    print(
+        f"timeslice switch benchmark: {m['cpus_usable']} CPUs ({m['cpu_model']}), Python {m['python']}"
+    )
+    print(
+        f"{p['rounds']} handoffs and {p['rounds']} noop switches in {p['blocks']} interleaved "
+        f"blocks; pause before each Yield and paced echo: {p['settle_ms']:g} ms"
+    )
+    print()
+    print(f"{'figure':56} {'ours':>10} {'baseline':>10} {'ratio':>8}")
+
+    def row(label: str, ours: float, base: float, unit: str = "ms") -> None:
+        ratio = ours / base if base else math.nan
+        print(f"{label:56} {ours:8.3f}{unit:>2} {base:8.3f}{unit:>2} {ratio:7.2f}x")
+
+    echo = r["echo_p50_ms"]
+    print(f"{'grpclib echo p50 / p99 (back to back)':56} {echo:8.3f}ms {r['echo_p99_ms']:8.3f}ms")
+    print(f"{'grpclib echo p50 / p99 (paced)':56} {r['echo_paced_p50_ms']:8.3f}ms {r['echo_paced_p99_ms']:8.3f}ms")  # fmt: skip
+    row("handoff p50, no nodes  (vs echo)", r["handoff_p50_ms"], echo)
+    row("switch p50, 2 agents, noop  (vs echo)", r["switch_noop_p50_ms"], echo)
+    row("switch p99, 2 agents, noop  (vs echo p99)", r["switch_noop_p99_ms"], r["echo_p99_ms"])
+    row("switch p50  (vs handoff p50)", r["switch_noop_p50_ms"], r["handoff_p50_ms"])
+    row("agents alone: SwitchGroup to both, p50 (vs echo)", r["agents_switch_group_p50_ms"], echo)
+    row("added by the agents: switch p50 - handoff p50 (vs echo)", r["switch_added_ms"], echo)
+    row("switch p50  (vs paced echo)", r["switch_noop_p50_ms"], r["echo_paced_p50_ms"])
+    row("added by the agents  (vs paced echo)", r["switch_added_ms"], r["echo_paced_p50_ms"])
+    row("A's Yield round trip p50: switch (vs handoff)", r["yield_rtt_switch_p50_ms"], r["yield_rtt_handoff_p50_ms"])  # fmt: skip
+    if "hostmem_switch_p50_ms" in r:
+        gib = r["switch_bytes"] / 1024**3
+        print(
+            f"{'host-memory switch: ' + format(gib, '.2f') + ' GiB moved, GB/s (vs numpy copy)':56} "
+            f"{r['switch_gbps']:8.3f}  {r['memcpy_gbps']:8.3f}   {r['switch_over_memcpy']:7.2f}x"
+        )
+    print()
+    target = r["target_echo_rtts"]
+    for label, key in [
+        ("switch noop p50 / echo p50", "switch_noop_over_echo"),
+        ("(switch p50 - handoff p50) / echo p50", "switch_added_echo_rtts"),
+    ]:
+        verdict = "met" if r[key] <= target else "NOT met"
+        print(f"target: {label} <= {target:g}: {r[key]:.2f} -> {verdict}")
+    if (split := r.get("switch_split_p50_ms")) is not None:
+        print()
+        print(
+            f"where a noop switch's time goes, p50 of each part ({r['switch_split_samples']} "
+            f"switches with a Watch open; end to end p50 {r['switch_noop_with_watch_p50_ms']:.3f} ms):"
+        )
+        labels = {
+            "yield_sent_to_switch_started": "A's Yield sent -> SWITCH_STARTED (Yield, grant journaled)",
+            "switch_started_to_granted": "SWITCH_STARTED -> GRANTED (both agents, SwitchDone journaled)",
+            "granted_to_acquire_returned": "GRANTED -> B's Acquire returned",
+        }
+        for key, value in split.items():
+            print(f"  {labels[key]:64} {value:7.3f} ms")
+    if "hostmem_switch_p50_ms" in r:
+        print()
+        print(
+            f"host memory: 2 workloads of {p['mib']} MiB on one agent, median of {p['switches']} "
+            f"switches: {r['hostmem_switch_p50_ms']:.1f} ms (max {r['hostmem_switch_max_ms']:.1f}; "
+            f"first grant {r['hostmem_first_grant_ms']:.1f} ms)"
+        )
+        print(f"  bytes per switch: {r['switch_bytes']} ({r['switch_bytes_source']}; "
+              f"computed {r['switch_bytes_computed']})")  # fmt: skip
+        print(f"  workloads byte-exact after switching: {r['workloads_verified']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    parser.add_argument("--rounds", type=int, default=200, help="measured handoffs and switches")
+    parser.add_argument("--blocks", type=int, default=2, help="interleaved blocks of each")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured rounds per batch")
+    parser.add_argument("--echoes", type=int, default=500, help="back-to-back echoes measured")
+    parser.add_argument(
+        "--settle-ms", type=float, default=5.0, help="pause after the waiter is queued"
+    )
+    parser.add_argument(
+        "--split-rounds", type=int, default=50, help="switches split with a Watch (0: none)"
+    )
+    parser.add_argument("--mib", type=int, default=256, help="size of each host-memory workload")
+    parser.add_argument(
+        "--switches", type=int, default=5, help="measured host-memory switches (0: none)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.warmup, args.echoes = min(args.rounds, 20), min(args.warmup, 5), 100
+        args.split_rounds, args.mib = min(args.split_rounds, 10), min(args.mib, 16)
+        args.switches = min(args.switches, 3)
+    if args.rounds < 1 or args.mib < 1 or args.switches < 0 or args.warmup < 0:
+        parser.error("--rounds and --mib must be positive; --switches, --warmup not negative")
+    # A plain kill unwinds like Ctrl-C, so that every process started here is stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = now()
+    try:
+        result = asyncio.run(run(args))
+    except KeyboardInterrupt:
+        print("interrupted; every process started here is stopped", file=sys.stderr)
+        return 130
+    result["wall_s"] = now() - started
+    print_table(result)
+    print(f"\n{result['wall_s']:.1f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

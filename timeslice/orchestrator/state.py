@@ -492,7 +492,6 @@ class LockTable:
         effects = self._quarantine(g, e.faults, e.now)
         if e.error or h.job in g.quarantined:
             why = e.error or g.quarantined[h.job]
-            g.loaded_job = ""  # where the contexts are is not known: the next grant switches
             return [*effects, *self._end_grant(g, h, f"switch failed: {why}", e.now)]
         h.switching, h.granted_at, h.restored = False, e.now, e.restored
         h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
@@ -585,7 +584,9 @@ class LockTable:
     def _end_grant(self, g: Group, h: Holder, reason: str, now: float) -> list[Effect]:
         g.holder = None
         if h.switching:
-            g.loaded_job = ""  # the agents may be half way: the next grant switches
+            # The agents may be half way: no context is known live (the group reads
+            # IDLE), and the next grant switches, whoever it goes to.
+            g.loaded_job = g.active_job = ""
         elif reason == ev.REASON_NOT_DELIVERED and not self.nodes.get(g.name):
             # Nobody took the grant: its job never ran, the previous context is live.
             # (Where agents switched the contexts, the granted job's is live now.)
@@ -810,14 +811,16 @@ _NODE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 def check_node(value: str) -> None:
     """A node is named as its agent registers (a host-like name) or by its agent's
-    address (HOST:PORT)."""
+    address (HOST:PORT, or unix:PATH)."""
     check_id("node", value)
     if _NODE_NAME.match(value):
         return
+    if value != value.strip():
+        raise InvalidArgumentError(f"node {value!r} begins or ends with white space")
     try:
         parse_target(value)
     except InvalidArgumentError:
         raise InvalidArgumentError(
             f"node {value!r} is neither a node name (letters, digits, '.', '_', '-')"
-            " nor an agent address (HOST:PORT)"
+            " nor an agent address (HOST:PORT or unix:PATH)"
         ) from None

@@ -135,14 +135,6 @@ async def registered(
 
 
 @pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    async with Agent(node_name="n1", db=f"sqlite:///{tmp_path / 'agent.db'}",
-                     backends=("noop", "app_channel")) as running:  # fmt: skip
-        yield running
-        running.table.validate()
-
-
-@pytest.fixture
 async def client(agent: Agent) -> AsyncIterator[AsyncSnapshotAgentClient]:
     async with AsyncSnapshotAgentClient(agent.address, call_timeout_sec=10) as running:
         yield running

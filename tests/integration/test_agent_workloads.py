@@ -40,14 +40,6 @@ Stub = pb.SnapshotAgentServiceStub
 
 
 @pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    async with Agent(node_name="n1", db=f"sqlite:///{tmp_path / 'agent.db'}",
-                     backends=("noop", "app_channel")) as running:  # fmt: skip
-        yield running
-        running.table.validate()
-
-
-@pytest.fixture
 async def stub(agent: Agent) -> AsyncIterator[Stub]:
     async with agent_stubs(agent.address) as stubs:
         yield stubs.agent

@@ -28,7 +28,7 @@ from timeslice.agent.store import StateStore
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
 from timeslice.client._transport import parse_target
-from timeslice.orchestrator.state import check_id
+from timeslice.orchestrator.model import check_id
 from timeslice.backends import (
     AcceleratorMemory,
     Backend,

@@ -22,7 +22,7 @@ from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping
 from timeslice.backends import DISCARD, OFFLOAD
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
-from timeslice.orchestrator.state import check_id
+from timeslice.orchestrator.model import check_id
 
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent

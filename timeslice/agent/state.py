@@ -52,7 +52,7 @@ from timeslice.errors import (
     LeaseLostError,
     NotFoundError,
 )
-from timeslice.orchestrator.state import check_id
+from timeslice.orchestrator.model import check_id
 
 SNAPSHOT: Final = "snapshot"
 RESTORE: Final = "restore"

@@ -22,12 +22,9 @@ whatever order jobs ask in.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from timeslice.orchestrator import events as ev
-
-if TYPE_CHECKING:
-    from timeslice.orchestrator.state import Group, Waiter
+from timeslice.orchestrator.model import Group, Waiter
 
 
 def policy_pick(g: Group, policy: str, aging: float, now: float) -> Waiter:

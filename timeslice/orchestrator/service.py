@@ -18,7 +18,7 @@ from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
-from timeslice.orchestrator.state import Group, GroupState, check_id
+from timeslice.orchestrator.model import Group, GroupState, check_id
 
 if TYPE_CHECKING:
     from timeslice.orchestrator.server import Notice, Orchestrator

@@ -20,7 +20,7 @@ import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import grpclib.const
 import grpclib.server
@@ -31,6 +31,8 @@ from grpclib.protocol import H2Protocol
 
 from timeslice.api.wire import decode_strict
 from timeslice.errors import TimeSliceError, UnavailableError, to_grpc_error
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -203,3 +205,22 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+async def until_set(items: AsyncIterator[_T], stop: asyncio.Event) -> AsyncIterator[_T]:
+    """`items`, until they end or `stop` is set (a long-lived request stream that
+    must not hold a server's shutdown)."""
+    stopped = asyncio.ensure_future(stop.wait())
+    item: asyncio.Future[_T | None] | None = None
+    try:
+        while True:
+            item = asyncio.ensure_future(anext(items, None))
+            await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not item.done() or (value := item.result()) is None:
+                return
+            yield value
+    finally:
+        stopped.cancel()
+        if item is not None and not item.done():
+            item.cancel()
+            await asyncio.gather(item, return_exceptions=True)

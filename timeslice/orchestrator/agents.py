@@ -11,12 +11,15 @@ restarted orchestrator hears it again as soon as they reconnect.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.client.agent_types import StatusResponse
-from timeslice.errors import ConflictError, NotFoundError
+from timeslice.client._transport import parse_target
+from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
 
 # How long a status question to one agent may take before it counts as unreachable.
 STATUS_TIMEOUT = 1.0
@@ -90,12 +93,31 @@ class AgentDirectory:
         seen = self._liveness.get(node, {})
         return seen.get((group, job)) or seen.get(("", job), "")
 
-    async def arrival(self, timeout: float) -> None:
-        """Return when the next agent reports, or after `timeout` seconds."""
+    def address(self, node: str, registered: Mapping[str, str]) -> str | None:
+        """Where the agent of `node` is reached: as it says in session now, as it
+        `registered` (journaled), or `node` itself when that is an address
+        (HOST:PORT). None: not known yet."""
+        address = self.addresses.get(node) or registered.get(node)
+        if address is not None:
+            return address
         try:
-            await asyncio.wait_for(self._arrived.wait(), timeout)
-        except TimeoutError:
-            pass
+            parse_target(node)
+        except InvalidArgumentError:
+            return None
+        return node
+
+    async def wait_address(
+        self, node: str, registered: Mapping[str, str], deadline: float
+    ) -> str | None:
+        """`address`, waiting until `deadline` (wall clock) for the agent to register."""
+        while (address := self.address(node, registered)) is None:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._arrived.wait()
+        return address
 
     def client(self, address: str) -> AsyncSnapshotAgentClient:
         """The client of the agent at `address`."""

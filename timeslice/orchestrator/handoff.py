@@ -105,7 +105,7 @@ class HandoffDriver:
             log.info("switch of %s ended without effect: %s", switch.group, exc)
 
     async def _node(self, node: str, switch: ev.SwitchStarted, deadline: float) -> NodeResult:
-        address = await self.orch.agent_address(node, deadline)
+        address = await self.orch.agents.wait_address(node, self.orch.table.agents, deadline)
         if address is None:
             return NodeResult(node, error="no agent registered for this node in time")
         left = deadline - time.time()

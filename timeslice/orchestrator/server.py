@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 
-from timeslice.api.serving import CallGate, GrpcServer
+from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     CancelledError,
     ConflictError,
@@ -436,27 +436,6 @@ class Orchestrator:
 
     # --- agents and the switch ----------------------------------------------------------
 
-    def agent_address_now(self, node: str) -> str | None:
-        """Where the agent of `node` is reached: as it registered, or `node` itself
-        when it is an address (HOST:PORT). None: not known yet."""
-        address = self.agents.addresses.get(node) or self.table.agents.get(node)
-        if address is not None:
-            return address
-        try:
-            parse_target(node)
-        except InvalidArgumentError:
-            return None
-        return node
-
-    async def agent_address(self, node: str, deadline: float) -> str | None:
-        """`agent_address_now`, waiting until `deadline` for the agent to register."""
-        while (address := self.agent_address_now(node)) is None:
-            left = deadline - time.time()
-            if left <= 0 or self._state == "closed":
-                return None
-            await self.agents.arrival(left)
-        return address
-
     def agent_reported(
         self,
         session: object,
@@ -503,24 +482,13 @@ class Orchestrator:
 
     def group_agents(self, group: str) -> list[tuple[str, str | None]]:
         """(node, address or None) for every node of `group`."""
-        return [(node, self.agent_address_now(node)) for node in self.table.nodes.get(group, ())]
+        nodes = self.table.nodes.get(group, ())
+        return [(node, self.agents.address(node, self.table.agents)) for node in nodes]
 
     async def until_closed(self, items: AsyncIterator[_T]) -> AsyncIterator[_T]:
         """`items`, until they end or the orchestrator starts closing."""
-        closing = asyncio.ensure_future(self._closing.wait())
-        item: asyncio.Future[_T | None] | None = None
-        try:
-            while True:
-                item = asyncio.ensure_future(anext(items, None))
-                await asyncio.wait({item, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if not item.done() or (value := item.result()) is None:
-                    return
-                yield value
-        finally:
-            closing.cancel()
-            if item is not None and not item.done():
-                item.cancel()
-                await asyncio.gather(item, return_exceptions=True)
+        async for item in until_set(items, self._closing):
+            yield item
 
     # --- what the service calls -------------------------------------------------------
 

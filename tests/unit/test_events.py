@@ -37,7 +37,17 @@ EVENTS: list[ev.Event] = [
     ev.RegisterAgent(8.6, "n1", "10.0.0.1:9001"),
     ev.SetJobBackend(8.7, "g", "job", "n1", {"cuda": {"explicitTarget": {"pids": [12]}}}),
     ev.SetJobBackend(8.7, "g", "job", "", None),
-    ev.SwitchDone(8.8, "g", 4, True, (("other", "snapshot failed"),), "", 1 << 20),
+    ev.SwitchDone(
+        8.8,
+        "g",
+        4,
+        True,
+        (("other", "snapshot failed"),),
+        "",
+        1 << 20,
+        8.1,
+        (("n1", "other", "snapshot", 0.25, 1 << 19), ("n1", "job", "restore", 0.5, 1 << 19)),
+    ),  # fmt: skip
     ev.SwitchDone(8.8, "g", 4, False, error="agent n2 unreachable"),
     ev.ResetJob(8.9, "g", "other"),
     ev.Acquire(9.0, "gröup ✓", "jöb", "1.1", "ré"),

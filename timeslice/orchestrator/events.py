@@ -155,10 +155,11 @@ class SetJobBackend:
 
 @dataclass(frozen=True)
 class SwitchDone:
-    """The agents finished the switch that grant `token` started: every other live
-    context of the group is saved and the holder's is live (`restored` when a
-    restore brought it back), or the switch failed (`error`). `faults` are the
-    jobs the agents quarantined on the way, with why."""
+    """The agents finished the switch that grant `token` started (at `began`): every
+    other live context of the group is saved and the holder's is live (`restored`
+    when a restore brought it back), or the switch failed (`error`). `faults` are
+    the jobs the agents quarantined on the way, with why. `steps` say what each
+    node did: (node, job, "snapshot" or "restore", seconds, bytes moved)."""
 
     now: float
     group: str
@@ -167,6 +168,8 @@ class SwitchDone:
     faults: tuple[tuple[str, str], ...] = ()
     error: str = ""
     moved_bytes: int = 0
+    began: float = 0.0
+    steps: tuple[tuple[str, str, str, float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event kind in {data!r}")
     # JSON has no tuples: give the tuple fields back their type.
-    for name in ("nodes", "faults", "more_groups"):
+    for name in ("nodes", "faults", "more_groups", "steps"):
         if name in fields:
             fields[name] = tuple(tuple(f) if isinstance(f, list) else f for f in fields[name])
     event: Event = cls(**fields)

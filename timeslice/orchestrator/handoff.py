@@ -45,6 +45,8 @@ class NodeResult:
     faults: tuple[tuple[str, str], ...] = ()
     moved_bytes: int = 0
     error: str = ""
+    # (node, job, kind, seconds, bytes) of each operation the agent ran
+    steps: tuple[tuple[str, str, str, float, int], ...] = ()
 
 
 class HandoffDriver:
@@ -82,7 +84,8 @@ class HandoffDriver:
 
     async def _switch(self, switch: ev.SwitchStarted) -> None:
         failpoint(SWITCH_JOURNALED)
-        deadline = time.time() + self.timeout
+        began = time.time()
+        deadline = began + self.timeout
         nodes = self.orch.table.nodes.get(switch.group, ())
         results = await asyncio.gather(*(self._node(node, switch, deadline) for node in nodes))
         if any(r.error == _SUPERSEDED for r in results):
@@ -98,6 +101,8 @@ class HandoffDriver:
             faults=tuple(faults.items()),
             error="; ".join(errors),
             moved_bytes=sum(r.moved_bytes for r in results),
+            began=began,
+            steps=tuple(step for r in results for step in r.steps),
         )
         try:
             self.orch.apply(done)
@@ -165,4 +170,9 @@ def _node_result(node: str, target: str, answer: apb.SwitchGroupResponse) -> Nod
         if job.job_id == target:  # its context cannot be made live here
             faults.append((target, f"faulted on {node}: {job.fault or 'no reason given'}"))
     moved = sum(step.storage_bytes for step in answer.steps)
-    return NodeResult(node, answer.restored, tuple(faults), moved)
+    steps = tuple(
+        (node, s.job_id, s.kind, s.elapsed_ms / 1000, s.storage_bytes)
+        for s in answer.steps
+        if s.operation_id
+    )
+    return NodeResult(node, answer.restored, tuple(faults), moved, steps=steps)

@@ -356,25 +356,36 @@ def group_nodes(
 @app.command()
 def demo(
     jobs: Annotated[
-        int, typer.Option(min=1, max=16, help="How many jobs share the accelerators.")
+        int, typer.Option(min=1, max=16, help="How many simulated RL jobs share the accelerator.")
     ] = 2,
-    steps: Annotated[int, typer.Option(min=1, help="Rounds per job.")] = 8,
-    cpu_ms: Annotated[int, typer.Option(min=0, help="CPU phase per round, ms.")] = 150,
-    accel_ms: Annotated[int, typer.Option(min=1, help="Accelerator phase per round, ms.")] = 150,
-    journal: Annotated[
-        str | None,
-        typer.Option(help="Keep the journal in this SQLite file (default: a temp file)."),
+    steps: Annotated[int, typer.Option(min=1, help="Steps per job.")] = 8,
+    step_seconds: Annotated[
+        float, typer.Option(min=0.05, help="Length of one step (all its phases), seconds.")
+    ] = 1.5,
+    mib: Annotated[int, typer.Option(min=1, help="Each job's context in host memory, MiB.")] = 16,
+    profile: Annotated[
+        str, typer.Option(help="Phases of a step, from a recorded run: verl-sync, verl-async.")
+    ] = "verl-async",
+    directory: Annotated[
+        str | None, typer.Option(help="Keep the journals here (default: a new temporary folder).")
     ] = None,
 ) -> None:
-    """Run jobs back to back, then time-sliced, through an embedded orchestrator."""
+    """Run simulated RL jobs back to back, then time-sliced on one accelerator, through
+    an embedded orchestrator and agent; print what sharing bought."""
     from pathlib import Path
 
-    from timeslice.demo import demo as run_demo
+    from timeslice.demo import DemoConfig, run_demo
+
+    try:
+        config = DemoConfig(jobs, steps, step_seconds, mib, profile)
+    except TimeSliceError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    where = Path(directory) if directory else None
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
 
     async def run() -> None:
-        await run_demo(
-            jobs, steps, cpu_ms / 1000, accel_ms / 1000, Path(journal) if journal else None
-        )
+        await run_demo(config, where)
 
     anyio.run(run)
 

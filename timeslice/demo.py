@@ -1,14 +1,17 @@
-"""`timeslice demo`: jobs sharing one accelerator group through a real Orchestrator.
+"""`timeslice demo`: simulated RL jobs sharing one accelerator, for real.
 
-Each simulated RL job loops: a CPU phase (generation stragglers, reward
-scoring: the accelerator is not needed), then an accelerator phase inside
-`async with client.acquire():`. The same jobs run twice through the same code
-and the same gRPC orchestrator with its SQLite journal: first back to back (one
-job after the other: no sharing), then all at once, taking turns. Both wall
-times are measured; the speedup is their ratio.
+An Orchestrator and an Agent run in this process (SQLite journal in a temporary
+directory). Each job is a loop of steps whose phases follow a recorded RL run
+(`timeslice.demo_profiles`), scaled down in time; its accelerator context is a
+real host-memory workload (`HostMemoryWorkload`, registered with the agent), so
+every switch between jobs really moves its bytes out and the next job's back,
+and each job checks at every turn that its bytes came back as it left them.
 
-The accelerator phases here are timed waits and no device memory moves: the
-lock, its journal and the handoffs between jobs are real.
+The same jobs run twice, through the same code, each time on a fresh
+orchestrator and agent: first back to back (one job after the other, nobody to
+share with), then all at once, taking turns. The speedup is the ratio of the two
+measured wall times; the accelerator's busy share is the time jobs held it over
+the wall time.
 """
 
 from __future__ import annotations
@@ -18,150 +21,270 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
+import numpy as np
+
+from timeslice.agent.server import Agent
 from timeslice.client import AsyncTimeSliceOrchestratorClient
-from timeslice.orchestrator.server import Orchestrator
+from timeslice.client.workload import register_workload
+from timeslice.demo_profiles import PROFILES, Profile
+from timeslice.errors import InvalidArgumentError
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.server import Orchestrator, Watch
+from timeslice.workloads import HostMemoryWorkload
 
-GROUP = "accelerators"
+GROUP = "accelerator"
+NODE = "demo-node"
+MiB = 1024 * 1024
+# The arrays of a job's context: name and share of its bytes.
+LAYOUT = (("weights", 0.5), ("optimizer", 0.25), ("kv_cache", 0.25))
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What the demo runs. Validated on construction."""
+
+    jobs: int = 2
+    steps: int = 8
+    step_s: float = 1.5  # one step of a job, all its phases together
+    mib: int = 16  # each job's context
+    profile: str = "verl-async"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.jobs <= 16:
+            raise InvalidArgumentError("jobs must be between 1 and 16")
+        if self.steps < 1 or not self.step_s > 0 or self.mib < 1:
+            raise InvalidArgumentError("steps, step_s and mib must be positive")
+        if self.profile not in PROFILES:
+            raise InvalidArgumentError(
+                f"unknown profile {self.profile!r}; known: {', '.join(sorted(PROFILES))}"
+            )
 
 
 @dataclass
-class JobLog:
-    """What one job saw."""
+class RoundResult:
+    """What one round measured."""
 
-    name: str
-    holds: list[tuple[float, float]] = field(default_factory=list)  # (granted, released)
-    waits: list[float] = field(default_factory=list)
+    label: str
+    wall_s: float
+    busy_s: float  # time the accelerator was held by a job doing its work
+    switch_s: list[float]  # each switch: grant decided -> contexts moved
+    bytes_moved: int
+    journal: Path
 
-
-async def run_job(
-    target: str, log: JobLog, steps: int, cpu_s: float, accel_s: float, progress: dict[str, int]
-) -> None:
-    """One simulated RL job: `steps` rounds of a CPU phase then an accelerator phase."""
-    async with AsyncTimeSliceOrchestratorClient(target, job_id=log.name, group_id=GROUP) as client:
-        for step in range(steps):
-            await asyncio.sleep(cpu_s)
-            asked = time.monotonic()
-            async with client.acquire():
-                granted = time.monotonic()
-                await asyncio.sleep(accel_s)
-                released = time.monotonic()
-            log.holds.append((granted, released))
-            log.waits.append(granted - asked)
-            progress[log.name] = step + 1
+    @property
+    def busy_share(self) -> float:
+        return self.busy_s / self.wall_s
 
 
-async def run_round(
-    target: str, jobs: int, steps: int, cpu_s: float, accel_s: float, shared: bool
-) -> tuple[float, list[JobLog]]:
-    """Run the jobs together (`shared`) or one after another; return wall time and logs."""
-    logs = [JobLog(f"job-{i + 1}") for i in range(jobs)]
-    progress = {log.name: 0 for log in logs}
-    label = "time-sliced " if shared else "back to back"
-    start = time.monotonic()
-    show = asyncio.create_task(_show_progress(label, progress, steps))
-    try:
-        if shared:
-            await asyncio.gather(
-                *(run_job(target, log, steps, cpu_s, accel_s, progress) for log in logs)
-            )
-        else:
-            for log in logs:
-                await run_job(target, log, steps, cpu_s, accel_s, progress)
-    finally:
-        show.cancel()
-    wall = time.monotonic() - start
-    _print_progress(label, progress, steps, final=True)
-    return wall, logs
+@dataclass
+class DemoResult:
+    """Both rounds, side by side."""
+
+    config: DemoConfig
+    back_to_back: RoundResult
+    time_sliced: RoundResult
+
+    @property
+    def speedup(self) -> float:
+        return self.back_to_back.wall_s / self.time_sliced.wall_s
 
 
-async def _show_progress(label: str, progress: dict[str, int], steps: int) -> None:
-    while True:
-        _print_progress(label, progress, steps)
-        await asyncio.sleep(0.2)
+class DemoJob:
+    """One simulated RL job: its context in host memory, and its loop of steps."""
+
+    def __init__(self, name: str, mib: int, store: Path) -> None:
+        self.name = name
+        self.context = HostMemoryWorkload(store)
+        for array, share in LAYOUT:
+            elements = int(mib * MiB * share) // 4
+            self.context.allocate(array, elements, np.float32, tags=[array])[:] = 0.0
+        self.value = 0.0
+        self.context.snapshot()  # parked in host memory until its first turn
+        self.step = 0
+        self.phase = "waiting"
+        self.held_s = 0.0
+
+    async def run(
+        self, client: AsyncTimeSliceOrchestratorClient, profile: Profile, steps: int, step_s: float
+    ) -> None:
+        for self.step in range(1, steps + 1):
+            for phase in profile.phases:
+                self.phase = phase.name
+                length = phase.share * step_s
+                if not phase.on_accelerator:
+                    await asyncio.sleep(length)
+                    continue
+                async with client.acquire():
+                    began = time.monotonic()
+                    await asyncio.to_thread(self._work)  # the event loop stays responsive
+                    await asyncio.sleep(max(0.0, length - (time.monotonic() - began)))
+                    self.held_s += time.monotonic() - began
+        self.phase = "done"
+
+    def _work(self) -> None:
+        """What the job does on the accelerator: read back what it wrote last time
+        (the restore must have brought it back), write the next values."""
+        for array, _ in LAYOUT:
+            data = self.context[array]
+            if not (
+                data[0] == self.value and data[-1] == self.value and np.all(data == self.value)
+            ):
+                raise RuntimeError(f"{self.name}: {array} did not come back as it was left")
+            data[:] = self.value + 1
+            del data
+        self.value += 1
+
+    def close(self) -> None:
+        self.context.close()
 
 
-def _print_progress(label: str, progress: dict[str, int], steps: int, final: bool = False) -> None:
-    bars = "  ".join(
-        f"{name} {'#' * done}{'.' * (steps - done)}" for name, done in progress.items()
-    )
-    end = "\n" if final or not sys.stdout.isatty() else "\r"
-    if final or sys.stdout.isatty():
-        print(f"  {label}: {bars}", end=end, flush=True)
+class Switches:
+    """The switches of a round, as the orchestrator's Watch tells them."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, float] = {}
+        self.seconds: list[float] = []
+        self.bytes = 0
+        self.holder = ""
+
+    async def follow(self, watch: Watch) -> None:
+        async for notice in watch:
+            match notice.effect:
+                case ev.SwitchStarted(token=token):
+                    self.started[token] = notice.time
+                case ev.Granted(job=job, token=token, switch_bytes=moved):
+                    self.holder = job
+                    if (began := self.started.pop(token, None)) is not None:
+                        self.seconds.append(notice.time - began)
+                        self.bytes += moved
+                case ev.Yielded() | ev.Revoked():
+                    self.holder = ""
 
 
-def _handoff_gaps(logs: list[JobLog]) -> list[float]:
-    """For each grant that followed another job's release: the gap between them."""
-    holds = sorted((g, r, log.name) for log in logs for g, r in log.holds)
-    return [
-        g2 - r1
-        for (_, r1, n1), (g2, _, n2) in zip(holds, holds[1:], strict=False)
-        if n1 != n2 and g2 >= r1
-    ]
+class LiveView:
+    """A line of progress: each job's step and phase, and who holds the accelerator."""
 
+    def __init__(self, out: TextIO, label: str, jobs: Sequence[DemoJob], steps: int) -> None:
+        self.out, self.label, self.jobs, self.steps = out, label, jobs, steps
+        self.tty = out.isatty()
 
-def _busy_share(logs: list[JobLog], wall: float) -> float:
-    return sum(r - g for log in logs for g, r in log.holds) / wall
+    async def show(self, switches: Switches, began: float) -> None:
+        every = 0.2 if self.tty else 2.0
+        while True:
+            await asyncio.sleep(every)
+            self.print(switches, began, final=False)
 
-
-async def demo(
-    jobs: int = 2,
-    steps: int = 8,
-    cpu_s: float = 0.15,
-    accel_s: float = 0.15,
-    journal: Path | None = None,
-) -> dict[str, float]:
-    """Run the demo; print the table; return its figures."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = journal or Path(tmp) / "journal.db"
-        async with Orchestrator(db=f"sqlite:///{path}") as orch:
-            print(f"orchestrator on {orch.address}, journal {path}")
-            print(
-                f"{jobs} jobs x {steps} steps; each step {cpu_s * 1000:.0f} ms CPU, then {accel_s * 1000:.0f} ms on the accelerators"
-            )
-            alone, alone_logs = await run_round(
-                orch.address, jobs, steps, cpu_s, accel_s, shared=False
-            )
-            shared, shared_logs = await run_round(
-                orch.address, jobs, steps, cpu_s, accel_s, shared=True
-            )
-            tokens = orch.group(GROUP).token
-        gaps = _handoff_gaps(shared_logs)
-        waits = [w for log in shared_logs for w in log.waits]
-        figures = {
-            "back_to_back_s": alone,
-            "time_sliced_s": shared,
-            "speedup": alone / shared,
-            "busy_back_to_back": _busy_share(alone_logs, alone),
-            "busy_time_sliced": _busy_share(shared_logs, shared),
-            "grants": float(tokens),
-            "handoff_median_ms": statistics.median(gaps) * 1000 if gaps else 0.0,
-            "wait_median_ms": statistics.median(waits) * 1000,
-        }
-        rows = [
-            ("wall time", f"{alone:.2f} s", f"{shared:.2f} s"),
-            ("speedup", "1.00x", f"{figures['speedup']:.2f}x"),
-            (
-                "accelerator busy",
-                f"{figures['busy_back_to_back']:.0%}",
-                f"{figures['busy_time_sliced']:.0%}",
-            ),
-            ("handoffs between jobs", "-", str(len(gaps))),
-            (
-                "median handoff (release -> next grant)",
-                "-",
-                f"{figures['handoff_median_ms']:.2f} ms",
-            ),
-            ("median wait for the lock", "-", f"{figures['wait_median_ms']:.1f} ms"),
-        ]
-        width = max(len(r[0]) for r in rows)
-        print(f"\n{'':{width}}  {'back to back':>14}  {'time-sliced':>14}")
-        for name, a, b in rows:
-            print(f"{name:{width}}  {a:>14}  {b:>14}")
-        print(
-            f"\n{int(tokens)} grants journaled in {path}"
-            + ("" if journal else " (a temporary file, now removed)")
+    def print(self, switches: Switches, began: float, final: bool) -> None:
+        jobs = "  ".join(
+            f"{j.name} {'#' * j.step}{'.' * (self.steps - j.step)} {j.phase:<12.12}"
+            for j in self.jobs
         )
-        return figures
+        line = (
+            f"  {self.label:<12} {time.monotonic() - began:5.1f} s  {jobs}"
+            f" holder: {switches.holder or '-':<6} switches: {len(switches.seconds)}"
+        )
+        if self.tty and not final:
+            print(f"\r{line}", end="", file=self.out, flush=True)
+        else:
+            print(f"\r{line}" if self.tty else line, file=self.out, flush=True)
+
+
+async def run_round(config: DemoConfig, shared: bool, directory: Path, out: TextIO) -> RoundResult:
+    """Run the jobs on a fresh orchestrator and agent: together (`shared`) or one after
+    the other."""
+    label = "time-sliced" if shared else "back to back"
+    profile = PROFILES[config.profile]
+    journal = directory / f"journal-{'time-sliced' if shared else 'back-to-back'}.db"
+    async with Orchestrator(db=f"sqlite:///{journal}", group_nodes={GROUP: (NODE,)}) as orch:
+        agent = Agent(node_name=NODE, backends=("app_channel",), orchestrator=orch.address)
+        async with agent:
+            jobs = [
+                DemoJob(f"job-{i + 1}", config.mib, directory / f"store-{label}-{i + 1}")
+                for i in range(config.jobs)
+            ]
+            registrations = [
+                await register_workload(agent.address, job.name, GROUP, job.context) for job in jobs
+            ]
+            clients = [
+                AsyncTimeSliceOrchestratorClient(orch.address, job_id=job.name, group_id=GROUP)
+                for job in jobs
+            ]
+            switches = Switches()
+            watch = orch.watch(GROUP)
+            following = asyncio.create_task(switches.follow(watch))
+            view = LiveView(out, label, jobs, config.steps)
+            began = time.monotonic()
+            showing = asyncio.create_task(view.show(switches, began))
+            try:
+                runs = [
+                    job.run(c, profile, config.steps, config.step_s)
+                    for job, c in zip(jobs, clients, strict=True)
+                ]
+                if shared:
+                    await asyncio.gather(*runs)
+                else:
+                    for run in runs:
+                        await run
+                wall = time.monotonic() - began
+            finally:
+                showing.cancel()
+                view.print(switches, began, final=True)
+                watch.close()
+                following.cancel()
+                await asyncio.gather(showing, following, return_exceptions=True)
+                for client in clients:
+                    await client.close()
+                for registration in registrations:
+                    await registration.close()
+                for job in jobs:
+                    job.close()
+    busy = sum(job.held_s for job in jobs)
+    return RoundResult(label, wall, busy, switches.seconds, switches.bytes, journal)
+
+
+async def run_demo(
+    config: DemoConfig, directory: Path | None = None, out: TextIO | None = None
+) -> DemoResult:
+    """Run both rounds (journals under `directory`, a new temporary one by default);
+    print the live view and the table of results to `out` (standard output)."""
+    out = out or sys.stdout
+    directory = directory or Path(tempfile.mkdtemp(prefix="timeslice-demo-"))
+    profile = PROFILES[config.profile]
+    print(
+        f"{config.jobs} simulated RL jobs x {config.steps} steps of {config.step_s:g} s "
+        f"({profile.description});\neach job's context: {config.mib} MiB of host memory, "
+        f"really moved out and back at every switch\n",
+        file=out,
+    )
+    alone = await run_round(config, False, directory, out)
+    together = await run_round(config, True, directory, out)
+    result = DemoResult(config, alone, together)
+    print_table(result, out)
+    return result
+
+
+def print_table(result: DemoResult, out: TextIO) -> None:
+    """The two rounds side by side."""
+    a, b = result.back_to_back, result.time_sliced
+
+    def switch_cost(r: RoundResult) -> str:
+        return f"{statistics.median(r.switch_s) * 1000:.1f} ms" if r.switch_s else "-"
+
+    rows = [
+        ("wall time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s"),
+        ("speedup", "1.00x", f"{result.speedup:.2f}x"),
+        ("accelerator busy", f"{a.busy_share:.0%}", f"{b.busy_share:.0%}"),
+        ("switches", str(len(a.switch_s)), str(len(b.switch_s))),
+        ("median switch (contexts moved)", switch_cost(a), switch_cost(b)),
+        ("bytes moved", f"{a.bytes_moved / MiB:.0f} MiB", f"{b.bytes_moved / MiB:.0f} MiB"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'':{width}}  {'back to back':>14}  {'time-sliced':>14}", file=out)
+    for name, x, y in rows:
+        print(f"{name:{width}}  {x:>14}  {y:>14}", file=out)
+    print(f"\njournals: {a.journal} and {b.journal}", file=out)

@@ -122,3 +122,12 @@ async def test_an_unreachable_agent_fails_the_switch_at_its_deadline(free_port: 
                 assert status.locking_job == "" and status.loaded_job == ""
                 assert status.quarantined_jobs == {}  # nobody's fault but the node's
                 assert status.group_state.value == "UNKNOWN"
+
+
+async def test_a_group_with_nodes_is_known_before_anyone_asks_for_it() -> None:
+    async with Orchestrator(group_nodes={"g": ("n1",)}) as orch:
+        async with AsyncTimeSliceOrchestratorClient(orch.address, group_id="g") as c:
+            assert await c.list_groups() == ["g"]
+            status = await c.get_status()  # n1 has no agent yet: its state is unknown
+            assert (status.group.group_state.value, status.group.nodes) == ("UNKNOWN", ("n1",))
+            assert status.group.locking_job == "" and status.group.state_timestamp is None

@@ -603,11 +603,18 @@ class Orchestrator:
         return await self.apply(ev.ForceRelease(time.time(), group, job, reason))
 
     def group(self, name: str) -> Group:
-        """The group named `name`, read-only."""
+        """The group named `name`, read-only. A group with nodes that nobody has asked
+        for yet is known too (idle)."""
         group = self.table.groups.get(name)
+        if group is None and name in self.table.nodes:
+            return Group(name, state_since=0.0)
         if group is None:
             raise NotFoundError(f"unknown group {name!r}")
         return group
+
+    def group_names(self) -> list[str]:
+        """Every group: asked for, or with nodes."""
+        return sorted({*self.table.groups, *self.table.nodes})
 
     def watch(self, group: str = "", max_backlog: int = 10_000) -> Watch:
         """What happens to `group` ("" for all), from this call on until close. A

@@ -84,7 +84,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         )
 
     async def list_groups(self, message: pb.ListGroupsRequest) -> pb.ListGroupsResponse:
-        return pb.ListGroupsResponse(group_ids=sorted(self.orch.table.groups))
+        return pb.ListGroupsResponse(group_ids=self.orch.group_names())
 
     async def get_group_status(
         self, message: pb.GetGroupStatusRequest
@@ -118,10 +118,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         if message.group_id:
             check_id("group_id", message.group_id)
         notices = self.orch.watch(message.group_id)
-        names = [message.group_id] if message.group_id else sorted(self.orch.table.groups)
+        known = self.orch.group_names()
+        names = [message.group_id] if message.group_id else known
         now = datetime.now(UTC)
         for name in names:
-            if name in self.orch.table.groups:
+            if name in known:
                 status = self._status(self.orch.group(name))
                 yield pb.WatchEvent(
                     kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status
@@ -187,7 +188,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         return pb.GroupStatus(
             group_id=g.name,
             group_state=_STATE[g.state],
-            state_timestamp=datetime.fromtimestamp(g.state_since, UTC),
+            state_timestamp=datetime.fromtimestamp(g.state_since, UTC) if g.state_since else None,
             locking_job=g.holder.job if g.holder else "",
             active_job=g.active_job,
             waiter_queue_depth=len(g.queue),

@@ -354,6 +354,40 @@ def group_nodes(
 
 
 @app.command()
+def bench(
+    quick: Annotated[bool, typer.Option(help="A short smoke run (about a minute).")] = False,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this benchmark (repeatable): handoff, switch, cycles, ..."),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(help="Where latest.json/.md/.log go (default: benchmarks/results)."),
+    ] = None,
+) -> None:
+    """Run the benchmark suite of a source checkout (`python -m benchmarks`): every
+    figure beside a baseline measured in the same run; prints the table."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "suite.py").is_file():
+        typer.echo(
+            f"error: no benchmarks/ next to the timeslice package ({root}): the suite runs"
+            " from a source checkout",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.suite import main as run_suite
+
+    argv = [*(["--quick"] if quick else []), *(f"--only={name}" for name in only or [])]
+    argv += [f"--out={out}"] if out else []
+    raise typer.Exit(run_suite(argv))
+
+
+@app.command()
 def demo(
     jobs: Annotated[
         int, typer.Option(min=1, max=16, help="How many simulated RL jobs share the accelerator.")
@@ -388,6 +422,73 @@ def demo(
         await run_demo(config, where)
 
     anyio.run(run)
+
+
+@app.command()
+def replay(
+    journals: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Journals to replay, one run each: sqlite:///PATH, a file path or"
+            " postgresql://... (default: sqlite:///timeslice-journal.db, unless --runs is given).",
+            metavar="JOURNAL",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="Write the replay page (one HTML file) here."),
+    ] = None,
+    runs: Annotated[
+        str | None,
+        typer.Option(
+            help="Also replay the recorded runs of this JSON file (verl-replay-runs schema)."
+        ),
+    ] = None,
+    export: Annotated[
+        str | None,
+        typer.Option(help="Write every run as lock events of that schema to this JSON file."),
+    ] = None,
+    title: Annotated[str, typer.Option(help="The page's title.")] = "timeslice replay",
+) -> None:
+    """Replay recorded runs switch by switch: a self-contained HTML page with a timeline
+    per group and job, play/pause/speed/scrub, and the parts of each switch."""
+    import json
+    from pathlib import Path
+
+    from timeslice.replay import ReplayError, ScheduleError, load_runs, read_journal, render_page
+    from timeslice.replay.verl import export_document
+
+    if output is None and export is None:
+        raise typer.BadParameter("give --output FILE.html, --export FILE.json, or both")
+    urls = list(journals or ([] if runs else ["sqlite:///timeslice-journal.db"]))
+    try:
+        timelines = [anyio.run(read_journal, url).timeline() for url in urls]
+        if runs:
+            timelines += load_runs(Path(runs))
+    except (ReplayError, ScheduleError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        typer.echo(f"error: cannot read {runs}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    for tl in timelines:
+        for note in tl.notes:
+            typer.echo(f"note: {tl.label}: {note}", err=True)
+    written = []
+    try:
+        if output is not None:
+            Path(output).write_text(render_page(timelines, title), encoding="utf-8")
+            written.append(output)
+        if export is not None:
+            text = json.dumps(export_document(timelines), indent=1, allow_nan=False)
+            Path(export).write_text(text + "\n", encoding="utf-8")
+            written.append(export)
+    except OSError as exc:
+        typer.echo(f"error: cannot write {exc.filename}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    switches = sum(len(tl.switches) for tl in timelines)
+    typer.echo(f"wrote {' and '.join(written)}: {len(timelines)} run(s), {switches} switch(es)")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -35,6 +35,7 @@ from timeslice.demo_profiles import PROFILES, Profile
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.server import Orchestrator, Watch
+from timeslice.replay import read_journal, render_page
 from timeslice.workloads import HostMemoryWorkload
 
 GROUP = "accelerator"
@@ -88,6 +89,7 @@ class DemoResult:
     config: DemoConfig
     back_to_back: RoundResult
     time_sliced: RoundResult
+    replay: Path  # the replay page of both rounds
 
     @property
     def speedup(self) -> float:
@@ -263,9 +265,20 @@ async def run_demo(
     )
     alone = await run_round(config, False, directory, out)
     together = await run_round(config, True, directory, out)
-    result = DemoResult(config, alone, together)
+    result = DemoResult(config, alone, together, await write_replay(directory, alone, together))
     print_table(result, out)
     return result
+
+
+async def write_replay(directory: Path, *rounds: RoundResult) -> Path:
+    """The replay page of the rounds' journals, one run each."""
+    timelines = []
+    for played in rounds:
+        record = await read_journal(f"sqlite:///{played.journal}")
+        timelines.append(replace(record, label=f"demo, {played.label}").timeline())
+    page = directory / "replay.html"
+    page.write_text(render_page(timelines, "timeslice demo"), encoding="utf-8")
+    return page
 
 
 def print_table(result: DemoResult, out: TextIO) -> None:
@@ -287,4 +300,5 @@ def print_table(result: DemoResult, out: TextIO) -> None:
     print(f"\n{'':{width}}  {'back to back':>14}  {'time-sliced':>14}", file=out)
     for name, x, y in rows:
         print(f"{name:{width}}  {x:>14}  {y:>14}", file=out)
-    print(f"\njournals: {a.journal} and {b.journal}", file=out)
+    print(f"\nreplay, switch by switch (open in a browser): {result.replay}", file=out)
+    print(f"journals: {a.journal} and {b.journal}", file=out)

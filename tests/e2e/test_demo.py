@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from timeslice.cli import app
 from timeslice.demo import DemoConfig, run_demo
 from timeslice.demo_profiles import PROFILES
+from timeslice.replay import read_journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -39,6 +40,11 @@ async def test_the_default_demo_time_slices_two_jobs_at_least_1_8x_faster(tmp_pa
     assert shared.bytes_moved >= len(shared.switch_s) * config.mib * MiB
     assert alone.journal.exists() and shared.journal.exists()
     assert "speedup" in printed and f"{result.speedup:.2f}x" in printed
+    # The replay page it wrote shows both rounds, with the switches the orchestrator told.
+    assert str(result.replay) in printed
+    replayed = [(await read_journal(f"sqlite:///{r.journal}")).timeline() for r in (alone, shared)]
+    assert [len(t.switches) for t in replayed] == [len(alone.switch_s), len(shared.switch_s)]
+    assert "<html" in result.replay.read_text()
 
 
 def test_the_command_runs_to_its_table(tmp_path: Path) -> None:

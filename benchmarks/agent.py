@@ -1,6 +1,6 @@
 """Agent benchmark: what moving a context costs, against what moving bytes costs.
 
-    python benchmarks/agent.py --json OUT [--mib 512] [--cycles 5] [--ops 300]
+    python benchmarks/agent.py --json OUT [--mib 512] [--cycles 5] [--ops 300] [--quick]
 
 In one run, side by side:
 - snapshot and restore bandwidth of the host-memory workload (N MiB of arrays in
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -30,9 +28,22 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from handoff import ServerProcess, machine, measure_echo, percentile, receive  # noqa: E402
+if not __package__:  # run as a script: the benchmarks are imported as a package
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from benchmarks.common import (  # noqa: E402
+    Child,
+    Row,
+    ServerProcess,
+    add_common_arguments,
+    describe,
+    machine,
+    measure_echo,
+    memcpy_gbps,
+    percentile,
+    receive,
+    run_main,
+)
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb  # noqa: E402
 
 GiB = 1024**3
@@ -71,25 +82,6 @@ def run_workload(conn: Connection, address: str, mib: int, store: str) -> None:
     workload.close()
 
 
-class Spawned:
-    """A function in a spawned process, told to stop over a pipe."""
-
-    def __init__(self, target: Any, *args: Any) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=target, args=(child, *args), daemon=True)
-
-    async def __aenter__(self) -> Any:
-        self.process.start()
-        return await asyncio.wait_for(receive(self.conn), 120)
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.conn.send("stop")
-        await asyncio.to_thread(self.process.join, 30)
-        if self.process.is_alive():
-            self.process.terminate()
-
-
 async def operate(stub: pb.SnapshotAgentServiceStub, kind: str, request: Any) -> tuple[float, Any]:
     """Start an operation and wait for it; (seconds seen by the caller, final answer)."""
     start = time.perf_counter()
@@ -106,26 +98,13 @@ async def operate(stub: pb.SnapshotAgentServiceStub, kind: str, request: Any) ->
     return time.perf_counter() - start, answer
 
 
-def memcpy_gbps(nbytes: int, repeats: int) -> float:
-    """A plain numpy copy of `nbytes` into memory already touched: median GB/s."""
-    source = np.random.default_rng(1).random(nbytes // 8)
-    target = np.empty_like(source)
-    target[:] = 0
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(target, source)
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from grpclib.client import Channel
 
     results: dict[str, Any] = {"parameters": vars(args), "machine": machine()}
-    async with ServerProcess("echo") as echo, Spawned(serve_agent) as agent_address:
+    async with ServerProcess("echo") as echo, Child(serve_agent, name="bench-agent") as agent:
         echo_times = await measure_echo(echo.address, args.ops, warmup=50)
-        host, port = agent_address.rsplit(":", 1)
+        host, port = agent.address.rsplit(":", 1)
         channel = Channel(host, int(port))
         stub = pb.SnapshotAgentServiceStub(channel)
         try:
@@ -143,7 +122,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     noop_times.append(took)
 
             with tempfile.TemporaryDirectory(prefix="timeslice-bench-") as store:
-                async with Spawned(run_workload, agent_address, args.mib, store):
+                async with Child(
+                    run_workload, agent.address, args.mib, store, name="bench-workload"
+                ):
                     snaps, restores, moved = [], [], 0
                     for _ in range(args.cycles):
                         took, answer = await operate(
@@ -180,9 +161,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(
-        f"timeslice agent benchmark: {r['machine']['cpu_count']} CPUs, Python {r['machine']['python']}"
-    )
+    print(f"timeslice agent benchmark: {describe(r['machine'])}")
     print(f"\n{'':48} {'p50':>10} {'p99':>10}")
     print(
         f"{'grpclib unary echo round trip':48} {r['echo_p50_ms']:>8.3f}ms {r['echo_p99_ms']:>8.3f}ms"
@@ -204,20 +183,34 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"\nreported storage_bytes: {r['reported_storage_bytes']} of {r['workload_bytes']}")
 
 
-def main() -> int:
+def summary(r: dict[str, Any]) -> list[Row]:
+    """The suite's rows: bandwidth against a copy, a noop operation against an echo."""
+    mib, runs = r["workload_bytes"] // MiB, r["parameters"]["cycles"]
+    copy = f"baseline: a plain numpy copy of the same bytes; {mib} MiB, median of {runs}"
+    return [
+        Row("snapshot bandwidth, host-memory workload (to a file)", r["snapshot_gbps"],
+            r["memcpy_gbps"], "GB/s", copy),
+        Row("restore bandwidth, host-memory workload (byte-exact)", r["restore_gbps"],
+            r["memcpy_gbps"], "GB/s", copy),
+        Row("noop operation p50: Snapshot sent -> COMPLETE", r["noop_op_p50_ms"],
+            r["echo_p50_ms"], "ms", "baseline: grpclib echo p50, back to back"),
+    ]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    add_common_arguments(parser)
     parser.add_argument("--mib", type=int, default=512, help="size of the host-memory workload")
     parser.add_argument("--cycles", type=int, default=5, help="snapshot/restore cycles measured")
     parser.add_argument("--ops", type=int, default=300, help="noop operations and echoes measured")
-    args = parser.parse_args()
-    start = time.perf_counter()
-    results = asyncio.run(run(args))
-    results["wall_s"] = time.perf_counter() - start
-    print_table(results)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mib, args.cycles, args.ops = min(args.mib, 64), min(args.cycles, 3), min(args.ops, 100)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":

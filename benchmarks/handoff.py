@@ -22,198 +22,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
-import json
-import math
 import multiprocessing
-import os
-import platform
 import pstats
-import socket
-import sqlite3
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import version
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import grpclib.const
-from grpclib.client import Channel
-from grpclib.config import Configuration
-from grpclib.server import Server, Stream
+if not __package__:  # run as a script: the benchmarks are imported as a package
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from grpclib.client import Channel  # noqa: E402
+
+from benchmarks.common import (  # noqa: E402
+    CALL_TIMEOUT,
+    EchoStub,
+    Rate,
+    Row,
+    ServerProcess,
+    add_common_arguments,
+    channel,
+    describe,
+    drained,
+    echo_request,
+    machine,
+    measure_echo,
+    measure_rate,
+    ms,
+    now,
+    percentile,
+    receive,
+    run_main,
+)
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb  # noqa: E402
 
 HANDOFF_GROUP = "handoff"
 JOB_A, JOB_B = "job-a", "job-b"
-ECHO_ROUTE = "/bench.Echo/Echo"
-CALL_TIMEOUT = 30.0
-now = time.monotonic  # system-wide on Linux: comparable between processes
-
-
-# --- servers, each in its own process --------------------------------------------------
-
-
-class EchoService:
-    """One unary method that sends the request back: the least a grpclib call costs."""
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {
-            ECHO_ROUTE: grpclib.const.Handler(
-                self.echo,
-                grpclib.const.Cardinality.UNARY_UNARY,
-                pb.AcquireRequest,
-                pb.AcquireRequest,
-            )
-        }
-
-    async def echo(self, stream: Stream[pb.AcquireRequest, pb.AcquireRequest]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        await stream.send_message(request)
-
-
-class EchoStub:
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-
-    async def echo(self, request: pb.AcquireRequest) -> pb.AcquireRequest:
-        async with self.channel.request(
-            ECHO_ROUTE,
-            grpclib.const.Cardinality.UNARY_UNARY,
-            pb.AcquireRequest,
-            pb.AcquireRequest,
-            timeout=CALL_TIMEOUT,
-        ) as stream:
-            await stream.send_message(request, end=True)
-            reply = await stream.recv_message()
-        assert reply is not None
-        return reply
-
-
-def serve(kind: str, conn: Connection, db: str | None) -> None:
-    """Process entry point: serve `kind` ("echo", "orchestrator" or "instrumented")
-    until told to stop, answering commands on `conn`."""
-    asyncio.run(_serve(kind, conn, db))
-
-
-async def _serve(kind: str, conn: Connection, db: str | None) -> None:
-    stages = _instrument() if kind == "instrumented" else None
-    async with contextlib.AsyncExitStack() as stack:
-        if kind == "echo":
-            address = await stack.enter_async_context(_echo_server())
-        else:
-            from timeslice.orchestrator.server import Orchestrator
-
-            orch = await stack.enter_async_context(Orchestrator(db=f"sqlite:///{db}", port=0))
-            address = orch.address
-        conn.send(address)
-        profiler: cProfile.Profile | None = None
-        while (command := await receive(conn)) != "stop":
-            match command:
-                case "cpu":
-                    conn.send(time.process_time())
-                case ("stages", on):
-                    assert stages is not None
-                    stages.enabled = on
-                    conn.send(stages.take())
-                case ("profile", path):
-                    if profiler is None:
-                        profiler = cProfile.Profile()
-                        profiler.enable()
-                        conn.send(None)
-                    else:
-                        profiler.disable()
-                        profiler.dump_stats(path)
-                        profiler = None
-                        conn.send(None)
-                case _:
-                    raise ValueError(f"unknown command {command!r}")
-
-
-@contextlib.asynccontextmanager
-async def _echo_server() -> AsyncIterator[str]:
-    # The same server settings as the orchestrator's: Nagle off, 256 KiB stream window.
-    server = Server([EchoService()], config=Configuration(http2_stream_window_size=256 * 1024))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    sock.setblocking(False)
-    await server.start(sock=sock)
-    try:
-        yield "127.0.0.1:%d" % sock.getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-class ServerProcess:
-    """A server in a spawned process, driven over a pipe."""
-
-    def __init__(self, kind: str, db: str | None = None) -> None:
-        self.conn, child = multiprocessing.get_context("spawn").Pipe()
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=serve, args=(kind, child, db), name=f"bench-{kind}", daemon=True
-        )
-        self.address = ""
-
-    async def __aenter__(self) -> ServerProcess:
-        self.process.start()
-        self.address = await asyncio.wait_for(receive(self.conn), 60)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send("stop")
-        await asyncio.to_thread(self.process.join, 15)
-        if self.process.is_alive():
-            self.process.terminate()
-            await asyncio.to_thread(self.process.join, 5)
-
-    async def ask(self, command: Any) -> Any:
-        self.conn.send(command)
-        return await asyncio.wait_for(receive(self.conn), 60)
-
-
-async def receive(conn: Connection) -> Any:
-    """`conn.recv()` without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    while not conn.poll():
-        readable = asyncio.Event()
-        loop.add_reader(conn.fileno(), readable.set)
-        try:
-            await readable.wait()
-        finally:
-            loop.remove_reader(conn.fileno())
-    return conn.recv()
-
-
-def channel(address: str) -> Channel:
-    host, port = address.rsplit(":", 1)
-    return Channel(host, int(port))
 
 
 # --- the measurements ---------------------------------------------------------------------
-
-
-async def measure_echo(address: str, samples: int, warmup: int) -> list[float]:
-    """Round trips of a plain grpclib unary call, in seconds."""
-    async with channel(address) as ch:
-        stub = EchoStub(ch)
-        request = pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP)
-        times = []
-        for i in range(warmup + samples):
-            t0 = now()
-            await stub.echo(request)
-            if i >= warmup:
-                times.append(now() - t0)
-    return times
 
 
 @dataclass
@@ -250,13 +101,13 @@ async def measure_handoffs(
                 if echo_address
                 else None
             )
-            echo_request = pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP)
+            echo_message = echo_request()
             assert await asyncio.wait_for(receive(parent), 60) == "ready"
             for i in range(warmup + samples):
                 if echo is not None:
                     await asyncio.sleep(settle)
                     t0 = now()
-                    await echo.echo(echo_request)
+                    await echo.echo(echo_message)
                     t_echo = now() - t0
                 await a.acquire(pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP))
                 parent.send("acquire")
@@ -282,7 +133,10 @@ async def measure_handoffs(
 
 async def _until_queued(status: pb.TimeSliceOrchestratorServiceStub, job: str) -> None:
     request = pb.GetGroupStatusRequest(group_id=HANDOFF_GROUP)
-    while job not in (await status.get_group_status(request)).group.waiting_jobs:
+    while True:
+        group = (await status.get_group_status(request)).group
+        if group is not None and job in group.waiting_jobs:
+            return
         await asyncio.sleep(0.0005)
 
 
@@ -303,43 +157,34 @@ def wait_in_queue(conn: Connection, address: str) -> None:
     asyncio.run(run())
 
 
-@dataclass
-class Cycles:
-    completed: int
-    window: float
-    client_cpu: float  # CPU seconds this process used during the window
-    server_cpu: float  # CPU seconds the orchestrator used during the window
+def acquire_yield(groups: int) -> Callable[[Channel, int], Callable[[], Any]]:
+    """Job `index` of `groups` groups: each step is one acquire -> yield cycle."""
+
+    def bind(ch: Channel, index: int) -> Callable[[], Any]:
+        stub = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+        name, group = f"job-{index:05d}", f"group-{index % groups:04d}"
+        acquire = pb.AcquireRequest(job_id=name, group_id=group)
+        release = pb.YieldRequest(job_id=name, group_id=group)
+
+        async def cycle() -> None:
+            await stub.acquire(acquire)
+            await stub.yield_(release)
+
+        return cycle
+
+    return bind
 
 
 async def measure_cycles(
     server: ServerProcess, jobs: int, groups: int, warmup: float, window: float
-) -> Cycles:
+) -> Rate:
     """`jobs` jobs, each on its own connection, spread over `groups` groups, each
     looping acquire -> yield; count the cycles that end inside the window."""
-    stop = asyncio.Event()
-    start_at = now() + warmup
-    end_at = start_at + window
-    counts = [0] * jobs
-
-    async def job(index: int, ch: Channel) -> None:
-        stub = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
-        name, group = f"job-{index:03d}", f"group-{index % groups:02d}"
-        while not stop.is_set():
-            await stub.acquire(pb.AcquireRequest(job_id=name, group_id=group))
-            await stub.yield_(pb.YieldRequest(job_id=name, group_id=group))
-            if start_at <= now() < end_at:
-                counts[index] += 1
-
-    async with contextlib.AsyncExitStack() as stack:
-        channels = [await stack.enter_async_context(channel(server.address)) for _ in range(jobs)]
-        tasks = [asyncio.create_task(job(i, ch)) for i, ch in enumerate(channels)]
-        await asyncio.sleep(max(0.0, start_at - now()))
-        cpu0, server_cpu0 = time.process_time(), await server.ask("cpu")
-        await asyncio.sleep(max(0.0, end_at - now()))
-        cpu1, server_cpu1 = time.process_time(), await server.ask("cpu")
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 60)
-    return Cycles(sum(counts), window, cpu1 - cpu0, server_cpu1 - server_cpu0)
+    rate = await measure_rate(
+        server.address, jobs, acquire_yield(groups), warmup=warmup, window=window, server=server
+    )
+    await drained(server)
+    return rate
 
 
 # --- where a handoff's time goes, on the server side (--profile) ---------------------------
@@ -356,6 +201,21 @@ class Stages:
     def take(self) -> list[dict[str, float]]:
         done, self.done, self.open = self.done, [], None
         return done
+
+
+def instrument() -> Callable[[Any], Any]:
+    """In the orchestrator's process (a `ServerProcess` setup): stamp each handoff's
+    stages; ("stages", ON) switches the stamping and returns the stamps so far."""
+    stages = _instrument()
+
+    def command(command: Any) -> Any:
+        match command:
+            case ("stages", on):
+                stages.enabled = on
+                return stages.take()
+        raise ValueError(f"unknown command {command!r}")
+
+    return command
 
 
 def _instrument() -> Stages:
@@ -399,6 +259,7 @@ def _instrument() -> Stages:
             finally:
                 stamps["end"] = now()
 
+        assert in_thread is not None  # only installed where the journal has it
         result = await in_thread(self, timed)
         if record is not None and "sql_start" not in record:
             record.update(sql_start=stamps["start"], sql_end=stamps["end"])
@@ -456,7 +317,7 @@ def _category(key: tuple[str, int, str]) -> str:
 async def profile_handoffs(
     db: str, samples: int, warmup: int, settle: float, pstats_path: str
 ) -> dict[str, Any]:
-    async with ServerProcess("instrumented", db) as server:
+    async with ServerProcess("orchestrator", db, setup=instrument) as server:
         await measure_handoffs(server.address, 0, warmup, settle)
         await server.ask(("stages", True))
         stamped = await measure_handoffs(server.address, samples, 0, settle)
@@ -502,33 +363,6 @@ async def profile_handoffs(
 # --- report -------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "cpu_model": model or platform.processor(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "grpclib": version("grpclib"),
-        "betterproto2": version("betterproto2"),
-        "sqlite": sqlite3.sqlite_version,
-    }
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="timeslice-bench-") as tmp:
         async with (
@@ -551,7 +385,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.settle_ms / 1000,
                 args.profile,
             )
-    ms = 1000
     echoes = handoffs.echo
     result: dict[str, Any] = {
         "echo_p50_ms": statistics.median(echoes) * ms,
@@ -565,8 +398,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         / statistics.median(back_to_back),
         "yield_rtt_p50_ms": statistics.median(handoffs.yield_rtt) * ms,
         "yield_rtt_p99_ms": percentile(handoffs.yield_rtt, 0.99) * ms,
-        "cycles_per_s": cycles.completed / cycles.window,
-        "cycles_server_cpu_pct": 100 * cycles.server_cpu / cycles.window,
+        "cycles_per_s": cycles.per_second,
+        "cycles_server_cpu_pct": 100 * cycles.server_cpu / cycles.server_span,
         "cycles_client_cpu_pct": 100 * cycles.client_cpu / cycles.window,
         "target_handoff_over_echo_p50": 3.0,
         "parameters": {
@@ -590,10 +423,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    m, p = r["machine"], r["parameters"]
-    print(
-        f"timeslice handoff benchmark: {m['cpus_usable']} CPUs ({m['cpu_model']}), Python {m['python']}"
-    )
+    p = r["parameters"]
+    print(f"timeslice handoff benchmark: {describe(r['machine'])}")
     print(f"journal: {p['journal']}; pause before each Yield and paced echo: {p['settle_ms']:g} ms")
     print()
     print(f"{'':50} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
@@ -639,9 +470,24 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  (pstats: {profile['pstats']})")
 
 
-def main() -> int:
+def summary(r: dict[str, Any]) -> list[Row]:
+    """The suite's rows: the handoff against the echo, paced and back to back."""
+    p = r["parameters"]
+    paced = f"grpclib echo after the same {p['settle_ms']:g} ms pause"
+    return [
+        Row("handoff p50: A's Yield sent -> B's Acquire returned", r["handoff_p50_ms"],
+            r["echo_p50_ms"], "ms", f"baseline: {paced}; {p['handoffs']} handoffs"),
+        Row("handoff p99", r["handoff_p99_ms"], r["echo_p99_ms"], "ms", f"baseline: {paced}"),
+        Row("handoff p50 against a back-to-back echo", r["handoff_p50_ms"],
+            r["echo_back_to_back_p50_ms"], "ms", "baseline: grpclib echo p50, back to back"),
+        Row("A's Yield round trip p50", r["yield_rtt_p50_ms"], r["echo_p50_ms"], "ms",
+            f"baseline: {paced}"),
+    ]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    add_common_arguments(parser)
     parser.add_argument("--echoes", type=int, default=1000, help="measured echo round trips")
     parser.add_argument("--handoffs", type=int, default=500, help="measured handoffs")
     parser.add_argument(
@@ -667,18 +513,18 @@ def main() -> int:
     parser.add_argument(
         "--profile-handoffs", type=int, default=200, help="handoffs per profiled batch"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.echoes, args.handoffs = min(args.echoes, 200), min(args.handoffs, 60)
+        args.warmup, args.profile_handoffs = min(args.warmup, 10), min(args.profile_handoffs, 50)
+        args.cycle_warmup, args.window = min(args.cycle_warmup, 0.5), min(args.window, 1.5)
     if args.profile:
         Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
-    started = now()
-    result = asyncio.run(run(args))
-    result["wall_s"] = now() - started
-    print_table(result)
-    print(f"\n{result['wall_s']:.1f} s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":

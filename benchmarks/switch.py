@@ -4,7 +4,7 @@
 
 In one run, side by side, every server in a process of its own:
 
-  echo       a plain grpclib unary round trip (benchmarks/handoff.py's echo server):
+  echo       a plain grpclib unary round trip (benchmarks/common.py's echo server):
              back to back, and after the same pause as each Yield below (paced).
   handoff    an orchestrator whose group has no nodes: from job A sending Yield to
              job B's blocked Acquire returning (benchmarks/handoff.py's loop; B is
@@ -38,36 +38,42 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import math
-import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.workloads
-from agent import Spawned, memcpy_gbps  # noqa: E402
-from handoff import (  # noqa: E402
+if not __package__:  # run as a script: the benchmarks are imported as a package
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from benchmarks.common import (  # noqa: E402
+    Child,
+    Row,
+    ServerProcess,
+    add_common_arguments,
+    describe,
+    machine,
+    measure_echo,
+    memcpy_gbps,
+    ms,
+    now,
+    receive,
+    run_main,
+    stats,
+)
+from benchmarks.handoff import (  # noqa: E402
     HANDOFF_GROUP,
     JOB_A,
     JOB_B,
     Handoffs,
-    ServerProcess,
-    machine,
-    measure_echo,
     measure_handoffs,
-    now,
-    percentile,
-    receive,
 )
-
 from tests.workloads.worker_process import hostmem_worker  # noqa: E402
 from timeslice.api.gen.snapshot_agent.v1alpha1 import SwitchJob  # noqa: E402
 from timeslice.client import (  # noqa: E402
@@ -86,23 +92,9 @@ DIRECT_GROUP = "direct"
 DIRECT_JOBS = ("da", "db")
 _direct_tokens = itertools.count(1)  # fencing tokens of the direct switches: always newer
 TARGET_ECHO_RTTS = 5.0
-ms = 1000
 
 
 # --- servers, each in its own process ---------------------------------------------------
-
-
-def serve_orchestrator(conn: Connection, db: str) -> None:
-    """Process entry point: an orchestrator; its groups' nodes are set over gRPC."""
-
-    async def main() -> None:
-        from timeslice.orchestrator.server import Orchestrator
-
-        async with Orchestrator(db=f"sqlite:///{db}", port=0) as orch:
-            conn.send(orch.address)
-            await receive(conn)
-
-    asyncio.run(main())
 
 
 def serve_agent(conn: Connection, node: str, orchestrator: str, db: str) -> None:
@@ -122,23 +114,6 @@ def serve_agent(conn: Connection, node: str, orchestrator: str, db: str) -> None
             await receive(conn)
 
     asyncio.run(main())
-
-
-@contextlib.asynccontextmanager
-async def spawned(target: Any, *args: Any) -> AsyncIterator[Any]:
-    """`Spawned` (benchmarks/agent.py), also stopped when its child died first."""
-    child = Spawned(target, *args)
-    try:
-        yield await child.__aenter__()
-    finally:
-        try:
-            await child.__aexit__()
-        except OSError:  # the child is gone: nothing to tell
-            pass
-        finally:
-            if child.process.is_alive():
-                child.process.terminate()
-                await asyncio.to_thread(child.process.join, 5)
 
 
 # --- the measurements ---------------------------------------------------------------------
@@ -310,15 +285,6 @@ async def _acquire(client: AsyncTimeSliceOrchestratorClient) -> int:
 # --- the run --------------------------------------------------------------------------------
 
 
-def stats(prefix: str, values: list[float]) -> dict[str, float]:
-    if not values:
-        return {f"{prefix}_p50_ms": math.nan, f"{prefix}_p99_ms": math.nan}
-    return {
-        f"{prefix}_p50_ms": statistics.median(values) * ms,
-        f"{prefix}_p99_ms": percentile(values, 0.99) * ms,
-    }
-
-
 def merge(runs: list[Handoffs]) -> Handoffs:
     merged = Handoffs([], [], [], [])
     for run in runs:
@@ -339,15 +305,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             plain = await stack.enter_async_context(
                 ServerProcess("orchestrator", f"{tmp}/plain.db")
             )
-            switching = await stack.enter_async_context(
-                spawned(serve_orchestrator, f"{tmp}/switch.db")
-            )
+            switching = (
+                await stack.enter_async_context(ServerProcess("orchestrator", f"{tmp}/switch.db"))
+            ).address
             agents = [
-                await stack.enter_async_context(
-                    spawned(serve_agent, node, switching, f"{tmp}/agent-{node}.db")
-                )
+                (
+                    await stack.enter_async_context(
+                        Child(serve_agent, node, switching, f"{tmp}/agent-{node}.db",
+                              name=f"bench-agent-{node}")
+                    )
+                ).address
                 for node in NODES
-            ]
+            ]  # fmt: skip
             await set_up_groups(
                 switching,
                 {HANDOFF_GROUP: agents, HOSTMEM_GROUP: agents[:1]},
@@ -455,10 +424,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    m, p = r["machine"], r["parameters"]
-    print(
-        f"timeslice switch benchmark: {m['cpus_usable']} CPUs ({m['cpu_model']}), Python {m['python']}"
-    )
+    p = r["parameters"]
+    print(f"timeslice switch benchmark: {describe(r['machine'])}")
     print(
         f"{p['rounds']} handoffs and {p['rounds']} noop switches in {p['blocks']} interleaved "
         f"blocks; pause before each Yield and paced echo: {p['settle_ms']:g} ms"
@@ -521,9 +488,36 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  workloads byte-exact after switching: {r['workloads_verified']}")
 
 
-def main() -> int:
+def summary(r: dict[str, Any]) -> list[Row]:
+    """The suite's rows: a noop switch against the echo and the plain handoff, the
+    agents' part, and host-memory switches against a copy."""
+    p = r["parameters"]
+    echo = "baseline: grpclib echo p50, back to back"
+    rows = [
+        Row("noop switch p50, 2 agents: Yield sent -> B's Acquire returned",
+            r["switch_noop_p50_ms"], r["echo_p50_ms"], "ms",
+            f"{echo}; {p['rounds']} switches"),
+        Row("noop switch p50 against a handoff without nodes", r["switch_noop_p50_ms"],
+            r["handoff_p50_ms"], "ms", "baseline: the same loop on a group without nodes"),
+        Row("added by the agents: switch p50 - handoff p50", r["switch_added_ms"],
+            r["echo_p50_ms"], "ms", echo),
+        Row("noop switch p50 against a paced echo", r["switch_noop_p50_ms"],
+            r["echo_paced_p50_ms"], "ms", "baseline: grpclib echo after the same pause"),
+    ]  # fmt: skip
+    if "switch_gbps" in r:
+        gib = r["switch_bytes"] / 1024**3
+        rows.append(
+            Row("host-memory switch bandwidth (one out, one back in)", r["switch_gbps"],
+                r["memcpy_gbps"], "GB/s",
+                f"baseline: a plain numpy copy of as many bytes ({gib:.2f} GiB); "
+                f"median of {p['switches']}")
+        )  # fmt: skip
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    add_common_arguments(parser)
     parser.add_argument("--rounds", type=int, default=200, help="measured handoffs and switches")
     parser.add_argument("--blocks", type=int, default=2, help="interleaved blocks of each")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured rounds per batch")
@@ -538,29 +532,18 @@ def main() -> int:
     parser.add_argument(
         "--switches", type=int, default=5, help="measured host-memory switches (0: none)"
     )
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.warmup, args.echoes = min(args.rounds, 20), min(args.warmup, 5), 100
         args.split_rounds, args.mib = min(args.split_rounds, 10), min(args.mib, 16)
         args.switches = min(args.switches, 3)
     if args.rounds < 1 or args.mib < 1 or args.switches < 0 or args.warmup < 0:
         parser.error("--rounds and --mib must be positive; --switches, --warmup not negative")
-    # A plain kill unwinds like Ctrl-C, so that every process started here is stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    started = now()
-    try:
-        result = asyncio.run(run(args))
-    except KeyboardInterrupt:
-        print("interrupted; every process started here is stopped", file=sys.stderr)
-        return 130
-    result["wall_s"] = now() - started
-    print_table(result)
-    print(f"\n{result['wall_s']:.1f} s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":

@@ -568,6 +568,8 @@ class Orchestrator:
         """The caller went away (or a bundle failed part way): take it out of the
         queues, and roll back what it was granted."""
         self._calls.pop(call.call_id, None)
+        if call.future.done() and not call.future.cancelled():
+            call.future.exception()  # nobody will read it now (a shutdown's, say)
         if self._state == "closed" or self.failure is not None:
             return  # its place is kept: the client retries against the next start
         now = time.time()

@@ -1,5 +1,5 @@
 """The demo's profiles follow the recorded runs: their numbers are recomputed here
-from the recorded data (when the checkout has it beside the project)."""
+from the recorded data (the copy under tests/data)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from timeslice.demo_profiles import PROFILES, VERL_ASYNC, VERL_SYNC, Phase, Profile
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "verl-replay-runs.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "verl-replay-runs.json"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "verl-replay-runs.json"
 
 
 def test_every_profile_fills_one_step() -> None:
@@ -25,9 +26,13 @@ def test_every_profile_fills_one_step() -> None:
 
 @pytest.fixture(scope="module")
 def runs() -> list[dict[str, Any]]:
-    if not DATA.exists():
-        pytest.skip(f"the recorded runs are not beside this checkout ({DATA})")
     return list(json.loads(DATA.read_text())["runs"])
+
+
+def test_the_copy_of_the_recorded_runs_is_the_workplaces() -> None:
+    if not SHARED.exists():
+        pytest.skip(f"no shared/ beside this checkout ({SHARED})")
+    assert DATA.read_bytes() == SHARED.read_bytes()
 
 
 def _median_holds(run: dict[str, Any]) -> dict[str, float]:

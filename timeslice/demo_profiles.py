@@ -1,7 +1,7 @@
 """What the demo's simulated RL jobs do in one step, taken from recorded runs.
 
-The recorded runs (veRL on H100s, `shared/data/verl-replay-runs.json` in the
-project's repository) give each job's accelerator duty cycle when it runs alone
+The recorded runs (veRL on H100s, `tests/data/verl-replay-runs.json` in the
+source tree) give each job's accelerator duty cycle when it runs alone
 and how its accelerator time divides between its pools. A profile keeps those
 shares and scales time down (a step of the recorded runs lasts many minutes; a
 demo step lasts about a second): the phases on the accelerator are what the job

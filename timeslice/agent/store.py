@@ -7,6 +7,11 @@ system's hands when `save` returns, so a crash or a kill of the agent loses
 nothing, and no commit waits for the disk. Only a power loss could take the last
 commits back, and a power loss also ends every process whose context the table
 describes: the table that matters after a reboot is an empty one.
+
+Such a commit is an append to the WAL file (tens of microseconds), so `save`
+writes on the event loop's own thread: handing it to a worker thread and back
+cost more than the write, three times in every switch. Opening, loading and
+closing, which may wait for the disk, run in the worker thread.
 """
 
 from __future__ import annotations
@@ -104,4 +109,4 @@ class StateStore:
                     raw.execute("ROLLBACK")
                     raise
 
-        await self._in_thread(write)
+        write()

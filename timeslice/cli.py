@@ -60,6 +60,15 @@ def _parse_limits(values: list[str]) -> dict[str, float | None]:
 
 @serve_app.command("orchestrator")
 def serve_orchestrator(
+    ctx: typer.Context,
+    config_file: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A TOML file of these settings (group_nodes, hold_limits, policies as"
+            " tables); options given here win over it.",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 50051,
     db: Annotated[
@@ -102,28 +111,39 @@ def serve_orchestrator(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
+    from timeslice.config_file import read_orchestrator_config
     from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # option name -> (OrchestratorConfig field, value)
+    options = {
+        "host": ("host", host),
+        "port": ("port", port),
+        "db": ("db", db),
+        "hold_limit": ("hold_limit", hold_limit),
+        "hold_grace": ("hold_grace", hold_grace),
+        "group_hold_limit": ("hold_limits", _parse_limits(group_hold_limit or [])),
+        "recovery_grace": ("recovery_grace", recovery_grace),
+        "group_nodes": ("group_nodes", _parse_nodes(group_nodes or [])),
+        "policy": ("policy", policy),
+        "group_policy": ("policies", _parse_pairs(group_policy or [], "GROUP=POLICY")),
+        "priority_aging": ("priority_aging", priority_aging),
+        "switch_timeout": ("switch_timeout", switch_timeout),
+    }
     try:
-        config = OrchestratorConfig(
-            host=host,
-            port=port,
-            db=None if db == "memory" else db,
-            hold_limit=hold_limit,
-            hold_grace=hold_grace,
-            hold_limits=_parse_limits(group_hold_limit or []),
-            recovery_grace=recovery_grace,
-            group_nodes=_parse_nodes(group_nodes or []),
-            policy=policy,
-            policies=_parse_pairs(group_policy or [], "GROUP=POLICY"),
-            priority_aging=priority_aging,
-            switch_timeout=switch_timeout,
-        )
+        values = read_orchestrator_config(config_file) if config_file else {}
+        for name, (field_name, value) in options.items():
+            given = getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+            if given or field_name not in values:
+                values[field_name] = value
+        if values.get("db") == "memory":
+            values["db"] = None
+        config = OrchestratorConfig(**values)
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None
+    db = config.db or "memory"
 
     async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:

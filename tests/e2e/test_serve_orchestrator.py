@@ -229,3 +229,16 @@ async def test_cli_status_acquire_and_yield(
     code, out = await _cli("status", "--target", target)
     assert code == 0, out
     assert "holder=-" in out and "active=cli-job" in out
+
+
+async def test_a_config_file_sets_the_groups_nodes_and_options_win_over_it(
+    serve: Callable[..., Awaitable[Server]], tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "orchestrator.toml"
+    config.write_text('port = 1\ndb = "memory"\n[group_nodes]\nrollout = ["gpu-1", "gpu-2"]\n')
+    await serve(port, "memory", "--config", str(config))  # --port wins over the file's
+    async with connect(port) as stub:
+        assert (await stub.list_groups(pb.ListGroupsRequest())).group_ids == ["rollout"]
+        status = await status_of(stub, "rollout")
+        assert list(status.nodes) == ["gpu-1", "gpu-2"]

@@ -1,0 +1,68 @@
+"""The orchestrator's TOML configuration file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from timeslice.config_file import read_orchestrator_config
+from timeslice.errors import InvalidArgumentError
+from timeslice.orchestrator.server import OrchestratorConfig
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "orchestrator.toml"
+    path.write_text(text)
+    return path
+
+
+def test_every_setting_and_the_group_tables_are_read(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+db = "sqlite:///journal.db"
+hold_limit = 900
+policy = "priority"
+switch_timeout = 30.5
+[group_nodes]
+rollout = ["gpu-1", "gpu-2"]
+trainer = ["10.0.0.7:9001"]
+[hold_limits]
+rollout = 600
+[policies]
+trainer = "lrs"
+""")  # fmt: skip
+    values = read_orchestrator_config(path)
+    assert values == {
+        "db": "sqlite:///journal.db",
+        "hold_limit": 900,
+        "policy": "priority",
+        "switch_timeout": 30.5,
+        "group_nodes": {"rollout": ("gpu-1", "gpu-2"), "trainer": ("10.0.0.7:9001",)},
+        "hold_limits": {"rollout": 600},
+        "policies": {"trainer": "lrs"},
+    }
+    config = OrchestratorConfig(**values)
+    assert config.group_nodes["rollout"] == ("gpu-1", "gpu-2")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus = 1", "unknown key"),
+        ("[group_nodes]\nrollout = 'gpu-1'", "list of nodes"),
+        ("[group_nodes]\nrollout = [1, 2]", "list of nodes"),
+        ("group_nodes = 3", "table of groups"),
+        ("[hold_limits]\ng = 'long'", "number of seconds"),
+        ("[policies]\ng = 3", "policy's name"),
+        ("policy = ['fifo']", "single value"),
+        ("port = ", "not valid TOML"),
+    ],
+)
+def test_bad_files_are_refused_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        read_orchestrator_config(write(tmp_path, text))
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        read_orchestrator_config(tmp_path / "nowhere.toml")

@@ -108,3 +108,33 @@ async def test_holding_one_group_and_asking_for_both_is_refused() -> None:
             await c.acquire_groups(GROUPS, "j")
         assert orch.table.groups["sampler"].holder.job == "j"  # type: ignore[union-attr]
         assert "trainer" not in orch.table.groups or not orch.table.groups["trainer"].queue
+
+
+async def test_a_bundle_on_groups_with_nodes_is_answered_once_every_switch_is_done() -> None:
+    from timeslice import Agent
+    from timeslice.client import named_backend
+
+    nodes = {"sampler": ("n-sampler",), "trainer": ("n-trainer",)}
+    async with Orchestrator(group_nodes=nodes) as orch:
+        agents = [
+            Agent(node_name=node, backends=("noop",), orchestrator=orch.address)
+            for (node,) in nodes.values()
+        ]
+        async with agents[0], agents[1], AsyncTimeSliceOrchestratorClient(orch.address) as c:
+            for job in ("both", "other"):
+                for group in GROUPS:
+                    await c.register_job(named_backend("noop"), job_id=job, group_id=group)
+            await c.acquire_groups(GROUPS, "other")
+            await c.release("other", "sampler")
+            await c.release("other", "trainer")
+            grant = await asyncio.wait_for(c.acquire_groups(GROUPS, "both"), 10)
+            # both groups switched from "other" to "both": each restored "both" (saved by
+            # the first grant, which moved every other live context out)
+            assert [(g.group_id, g.context_restored) for g in grant.grants] == [
+                ("sampler", True),
+                ("trainer", True),
+            ]
+            for agent, group in zip(agents, GROUPS, strict=True):
+                states = {job: j.state.value for (_, job), j in agent.table.jobs.items()}
+                assert states == {"both": "RUNNING", "other": "SAVED"}, group
+            orch.table.validate()

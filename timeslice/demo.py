@@ -200,13 +200,14 @@ async def run_round(config: DemoConfig, shared: bool, directory: Path, out: Text
     """Run the jobs on a fresh orchestrator and agent: together (`shared`) or one after
     the other."""
     label = "time-sliced" if shared else "back to back"
+    slug = label.replace(" ", "-")
     profile = PROFILES[config.profile]
-    journal = directory / f"journal-{'time-sliced' if shared else 'back-to-back'}.db"
+    journal = directory / f"journal-{slug}.db"
     async with Orchestrator(db=f"sqlite:///{journal}", group_nodes={GROUP: (NODE,)}) as orch:
         agent = Agent(node_name=NODE, backends=("app_channel",), orchestrator=orch.address)
         async with agent:
             jobs = [
-                DemoJob(f"job-{i + 1}", config.mib, directory / f"store-{label}-{i + 1}")
+                DemoJob(f"job-{i + 1}", config.mib, directory / f"store-{slug}-{i + 1}")
                 for i in range(config.jobs)
             ]
             registrations = [

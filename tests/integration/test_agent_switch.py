@@ -719,3 +719,21 @@ async def test_a_holder_whose_process_exits_is_revoked_for_the_next_waiter(
             assert granted.job == "q"
         finally:
             watch.close()
+
+
+async def test_a_workload_not_back_yet_after_an_agent_restart_is_not_reported_gone(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'restart.db'}"
+    async with Agent(node_name="n1", db=db, backends=("app_channel",)) as first:
+        async with connected(first, "w") as job:
+            job.drop()  # the agent goes down with the workload's channel open, as a crash
+    async with Agent(node_name="n1", db=db, backends=("app_channel",)) as second:
+        async with agent_stubs(second.address) as stubs:
+            # Known from the saved table, its workload not reconnected yet: nothing
+            # is known of it, which must not read as "gone" (a holder would be revoked).
+            assert (await jobs(stubs.agent))["w"].liveness == Liveness.UNSPECIFIED
+            async with connected(second, "w") as job:
+                assert (await jobs(stubs.agent))["w"].liveness == Liveness.ALIVE
+                job.drop()
+                await wait_for_job(stubs.agent, "w", lambda j: j.liveness == Liveness.GONE)

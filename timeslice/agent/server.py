@@ -128,6 +128,8 @@ class Agent:
         #: Set after every saved change of the job table (what reports wait on).
         self.changed = asyncio.Event()
         self._switch_locks: dict[str, asyncio.Lock] = {}
+        # Workloads that registered over a channel since this agent started.
+        self._connected: set[tuple[str, str]] = set()
         self._link: OrchestratorLink | None = None
 
     # --- lifecycle --------------------------------------------------------------------
@@ -373,9 +375,12 @@ class Agent:
     def liveness(self, job: Job) -> str:
         """What this node sees of the job's workload: "ALIVE" (its channel open, or
         one of its processes running), "GONE" (all of them ended), "" (nothing to
-        watch: a job known only by a backend without processes)."""
+        watch: a job known only by a backend without processes, or a workload that
+        has not come back since this agent started: it may be reconnecting)."""
         if job.backend == "app_channel":
-            return "ALIVE" if self.channels.get(job.group, job.job) is not None else "GONE"
+            if self.channels.get(job.group, job.job) is not None:
+                return "ALIVE"
+            return "GONE" if job.key in self._connected else ""
         pids = [int(c.removeprefix("pid:")) for c in job.claims if c.startswith("pid:")]
         if not pids:
             return ""
@@ -486,6 +491,7 @@ class Agent:
         # can find the job without its channel.
         channel.state = state.value
         self.channels.attach(channel)
+        self._connected.add((channel.group, channel.job))
         await saved
 
     def unregister(self, channel: WorkloadChannel, reason: str, deregistered: bool) -> None:

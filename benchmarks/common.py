@@ -142,8 +142,9 @@ async def _serve(
         if kind == "echo":
             address = await stack.enter_async_context(echo_server())
         elif kind == "orchestrator":
-            from timeslice.orchestrator.server import Orchestrator
+            from timeslice.orchestrator.server import Orchestrator, tune_gc_for_serving
 
+            tune_gc_for_serving()  # as `timeslice serve orchestrator` does
             url = f"sqlite:///{db}" if db else None
             orch = await stack.enter_async_context(Orchestrator(db=url, port=0, **options))
             address = orch.address

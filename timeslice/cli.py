@@ -112,7 +112,11 @@ def serve_orchestrator(
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
     from timeslice.config_file import read_orchestrator_config
-    from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
+    from timeslice.orchestrator.server import (
+        Orchestrator,
+        OrchestratorConfig,
+        tune_gc_for_serving,
+    )
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -144,6 +148,8 @@ def serve_orchestrator(
     except TimeSliceError as exc:
         raise typer.BadParameter(str(exc)) from None
     db = config.db or "memory"
+
+    tune_gc_for_serving()
 
     async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:

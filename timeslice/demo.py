@@ -133,9 +133,7 @@ class DemoJob:
         (the restore must have brought it back), write the next values."""
         for array, _ in LAYOUT:
             data = self.context[array]
-            if not (
-                data[0] == self.value and data[-1] == self.value and np.all(data == self.value)
-            ):
+            if not np.all(data == self.value):
                 raise RuntimeError(f"{self.name}: {array} did not come back as it was left")
             data[:] = self.value + 1
             del data

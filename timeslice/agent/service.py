@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import betterproto2
 import grpclib.const
@@ -20,8 +20,9 @@ from timeslice.agent.switching import BackendChoice, SwitchStep, switch_group
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping
+from timeslice.api.backend_config import MODE_NAME, backend_of
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+from timeslice.errors import InvalidArgumentError, NotFoundError
 from timeslice.orchestrator.model import check_id
 
 if TYPE_CHECKING:
@@ -32,12 +33,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "snapshot_agent.v1alpha1.SnapshotAgentService"
 DEREGISTERED = "the workload deregistered (it closed its channel)"
 
-_MODE_NAME = {pb.SuspendMode.UNSPECIFIED: "", pb.SuspendMode.OFFLOAD: OFFLOAD,
-              pb.SuspendMode.DISCARD: DISCARD}  # fmt: skip
 _MODE = {OFFLOAD: pb.SuspendMode.OFFLOAD, DISCARD: pb.SuspendMode.DISCARD}
 _JOB_STATE = {state: pb.JobState[state.value] for state in JobState}
 _OP_STATUS = {status: pb.OperationStatus[status.value] for status in OpStatus}
-_APP = {pb.App.VLLM: "vllm", pb.App.SGLANG: "sglang"}
 
 
 class AgentService(pb.SnapshotAgentServiceBase):
@@ -182,35 +180,6 @@ class AgentService(pb.SnapshotAgentServiceBase):
         channel.close(reason or DEREGISTERED)
 
 
-def backend_of(
-    config: pb.BackendConfig | None, legacy: pb.Backend
-) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
-    """(backend name, job config, operation params) of a request's backend config."""
-    kind, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
-    match value:
-        case None:
-            return ("cuda", None, {}) if legacy == pb.Backend.CUDA else (None, None, {})
-        case pb.CudaBackendConfig():
-            pids = list(value.explicit_target.pids) if value.explicit_target else []
-            return "cuda", {"pids": pids}, {}
-        case pb.AppEndpointConfig():
-            if value.app not in _APP:
-                raise InvalidArgumentError("app_endpoint needs an app: APP_VLLM or APP_SGLANG")
-            job = {"app": _APP[value.app], "endpoints": list(value.endpoints)}
-            return "app_endpoint", job, {"mode": _MODE_NAME[value.mode], "tags": list(value.tags)}
-        case pb.AppChannelConfig():
-            return "app_channel", {}, {"mode": _MODE_NAME[value.mode], "tags": list(value.tags)}
-        case pb.NamedBackendConfig():
-            if not value.name:
-                raise InvalidArgumentError("a named backend needs a name")
-            return value.name, dict(value.options), {}
-        case pb.DirectMemoryBackendConfig():
-            raise ConflictError("the direct_memory backend is disabled on this agent")
-        case pb.MemoryRegionsBackendConfig():
-            raise ConflictError("the memory_regions backend is not available on this agent")
-    raise InvalidArgumentError(f"unknown backend config {kind!r}")
-
-
 _LIVENESS = {"": pb.Liveness.UNSPECIFIED, "ALIVE": pb.Liveness.ALIVE, "GONE": pb.Liveness.GONE}
 
 
@@ -249,8 +218,8 @@ def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:
     if not register.job_id:
         raise InvalidArgumentError("register.job_id must not be empty")
     caps = register.capabilities or pb.WorkloadCapabilities()
-    modes = tuple(_MODE_NAME[m] for m in caps.supported_modes if _MODE_NAME.get(m))
-    return Capabilities(modes, _MODE_NAME.get(caps.default_mode) or OFFLOAD, tuple(caps.tags))
+    modes = tuple(MODE_NAME[m] for m in caps.supported_modes if MODE_NAME.get(m))
+    return Capabilities(modes, MODE_NAME.get(caps.default_mode) or OFFLOAD, tuple(caps.tags))
 
 
 def command_message(command: Command) -> pb.AgentCommand:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import grpclib.const
 
-from timeslice.agent.service import backend_of
+from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import edge_mapping

@@ -1,0 +1,47 @@
+"""A request's `BackendConfig` as the agent's backends take it: which backend, the
+job's config, and the operation's parameters. The agent decodes every Snapshot,
+Restore and switch with it; the orchestrator checks a job's registered backend
+with it before keeping it."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import betterproto2
+
+from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.backends import DISCARD, OFFLOAD
+from timeslice.errors import ConflictError, InvalidArgumentError
+
+MODE_NAME: Final = {pb.SuspendMode.UNSPECIFIED: "", pb.SuspendMode.OFFLOAD: OFFLOAD,
+                    pb.SuspendMode.DISCARD: DISCARD}  # fmt: skip
+APP_NAME: Final = {pb.App.VLLM: "vllm", pb.App.SGLANG: "sglang"}
+
+
+def backend_of(
+    config: pb.BackendConfig | None, legacy: pb.Backend
+) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
+    """(backend name, job config, operation params) of a request's backend config."""
+    kind, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
+    match value:
+        case None:
+            return ("cuda", None, {}) if legacy == pb.Backend.CUDA else (None, None, {})
+        case pb.CudaBackendConfig():
+            pids = list(value.explicit_target.pids) if value.explicit_target else []
+            return "cuda", {"pids": pids}, {}
+        case pb.AppEndpointConfig():
+            if value.app not in APP_NAME:
+                raise InvalidArgumentError("app_endpoint needs an app: APP_VLLM or APP_SGLANG")
+            job = {"app": APP_NAME[value.app], "endpoints": list(value.endpoints)}
+            return "app_endpoint", job, {"mode": MODE_NAME[value.mode], "tags": list(value.tags)}
+        case pb.AppChannelConfig():
+            return "app_channel", {}, {"mode": MODE_NAME[value.mode], "tags": list(value.tags)}
+        case pb.NamedBackendConfig():
+            if not value.name:
+                raise InvalidArgumentError("a named backend needs a name")
+            return value.name, dict(value.options), {}
+        case pb.DirectMemoryBackendConfig():
+            raise ConflictError("the direct_memory backend is disabled on this agent")
+        case pb.MemoryRegionsBackendConfig():
+            raise ConflictError("the memory_regions backend is not available on this agent")
+    raise InvalidArgumentError(f"unknown backend config {kind!r}")

@@ -23,7 +23,7 @@ from grpclib.const import Cardinality
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
-from timeslice.client._transport import backoff_delays, parse_target
+from timeslice.client._transport import backoff_delays, in_own_task, parse_target
 
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent
@@ -66,7 +66,9 @@ class OrchestratorLink:
             channel = Channel(target.host, target.port, path=target.path)
             began = loop.time()
             try:
-                await self._session(channel)
+                # In a task of its own: grpclib's cancellations when the
+                # connection drops stay with it (see `in_own_task`).
+                await in_own_task(self._session(channel))
             except Exception as exc:  # down, restarting, or it ended the session
                 log.info("session with orchestrator %s ended: %s", self.target, exc)
             finally:

@@ -208,12 +208,15 @@ class LeaseKeeper:
 
 async def _stop(task: asyncio.Task[None] | None) -> None:
     # A callback may release from inside the keepalive task: never await oneself.
-    if task is None or task is asyncio.current_task():
+    current = asyncio.current_task()
+    if task is None or task is current:
         return
+    # Only a cancellation of this caller that arrives while it waits is its own:
+    # a count raised before (by grpclib, which never takes its back) is not.
+    before = current.cancelling() if current is not None else 0
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
+        if current is not None and current.cancelling() > before:
             raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -96,6 +96,42 @@ def map_errors(what: str, conflict: type[ConflictError] = ConflictError) -> Iter
         raise UnavailableError(f"{what}: {error or type(error).__name__}") from error
 
 
+async def in_own_task(call: Awaitable[T]) -> T:
+    """Awaits a grpclib call in a task of its own, and returns what it returns.
+
+    grpclib cancels the task that awaits a call when the call's connection
+    closes or its deadline passes, and raises its own error there, but never
+    takes the cancellation back: that task's `cancelling()` stays raised for
+    the rest of its life, and the next `asyncio.timeout` or cancel check in it
+    takes the job for cancelled. Here that task is this one's child, gone
+    once the call ends. Cancelling the caller still ends the call: awaiting
+    a task passes the cancellation on to it.
+    """
+    return await asyncio.ensure_future(call)
+
+
+@contextlib.asynccontextmanager
+async def own_tasks(items: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    """The items of a grpclib stream, each read in a task of its own (see
+    `in_own_task`); closes the stream at the end."""
+
+    async def read() -> AsyncIterator[T]:
+        while True:
+            try:
+                item = await in_own_task(anext(items))
+            except StopAsyncIteration:
+                return
+            yield item
+
+    reader = read()
+    try:
+        yield reader
+    finally:
+        await reader.aclose()
+        if isinstance(items, AsyncGenerator):
+            await in_own_task(items.aclose())
+
+
 def backoff_delays() -> Iterator[float]:
     """Pauses between retries: 50 ms, doubling, at most 1 s."""
     delay = FIRST_BACKOFF_SEC
@@ -133,7 +169,7 @@ async def call_with_retry(
             ) from last_error
         try:
             with map_errors(what, conflict):
-                return await attempt(left)
+                return await in_own_task(attempt(left))
         except UnavailableError as error:
             last_error = error
             now = loop.time()

@@ -26,7 +26,7 @@ from grpclib.client import Channel
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.client._bridge import LoopThread
-from timeslice.client._transport import call_with_retry, map_errors, parse_target
+from timeslice.client._transport import call_with_retry, in_own_task, map_errors, parse_target
 from timeslice.client.agent_types import (
     OPERATION_COMPLETE,
     OPERATION_FAILED,
@@ -443,7 +443,7 @@ class AsyncSnapshotAgentClient:
             reconnect_timeout_sec=self._reconnect_timeout_sec,
         )
         with map_errors(what):
-            return await send(self._call_timeout_sec)
+            return await in_own_task(send(self._call_timeout_sec))
 
     async def _ask(
         self, operation_id: str, wait_sec: float, budget_sec: float | None

@@ -22,7 +22,13 @@ from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client._bridge import AcquireCall, OnAccelerators
 from timeslice.client._leases import Holding, LeaseKeeper, LeaseLostCallback
-from timeslice.client._transport import call_with_retry, map_errors, parse_target
+from timeslice.client._transport import (
+    call_with_retry,
+    in_own_task,
+    map_errors,
+    own_tasks,
+    parse_target,
+)
 from timeslice.client.types import (
     AcquireResult,
     ForceReleaseResult,
@@ -238,7 +244,9 @@ class AsyncTimeSliceOrchestratorClient:
         )
         sent_at = asyncio.get_running_loop().time()
         with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
-            response = await stub.keep_alive(request, timeout=timeout_sec or self._call_timeout_sec)
+            response = await in_own_task(
+                stub.keep_alive(request, timeout=timeout_sec or self._call_timeout_sec)
+            )
         if holding is not None:
             self._leases.renewed(holding, response, sent_at)
         return lease_info(response)
@@ -262,13 +270,9 @@ class AsyncTimeSliceOrchestratorClient:
         """
         stub = self._connect()
         with map_errors(f"Watch({group_id or '*'})", NotHolderError):
-            stream = stub.watch(pb.WatchRequest(group_id=group_id))
-            try:
-                async for message in stream:
+            async with own_tasks(stub.watch(pb.WatchRequest(group_id=group_id))) as messages:
+                async for message in messages:
                     yield watch_event(message)
-            finally:
-                if isinstance(stream, AsyncGenerator):
-                    await stream.aclose()
 
     async def force_release(
         self,
@@ -286,8 +290,8 @@ class AsyncTimeSliceOrchestratorClient:
         stub = self._connect()
         request = pb.ForceReleaseRequest(group_id=group, job_id=job_id, reason=reason)
         with map_errors(f"ForceRelease({group})", NotHolderError):
-            response = await stub.force_release(
-                request, timeout=timeout_sec or self._call_timeout_sec
+            response = await in_own_task(
+                stub.force_release(request, timeout=timeout_sec or self._call_timeout_sec)
             )
         return force_release_result(response)
 
@@ -498,7 +502,7 @@ class AsyncTimeSliceOrchestratorClient:
             group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
         )
         with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
-            return await stub.keep_alive(request, timeout=timeout)
+            return await in_own_task(stub.keep_alive(request, timeout=timeout))
 
 
 def _check_timeout(timeout_sec: float | None) -> None:

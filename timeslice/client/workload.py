@@ -35,7 +35,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.client._transport import parse_target
+from timeslice.client._transport import in_own_task, parse_target
 from timeslice.client._bridge import LoopThread
 from timeslice.client.adapters import (
     Capabilities,
@@ -317,7 +317,9 @@ class WorkloadRegistration:
         while True:
             began = loop.time()
             try:
-                await self._session()
+                # In a task of its own: grpclib's cancellations when the
+                # connection drops stay with it (see `in_own_task`).
+                await in_own_task(self._session())
                 self._last_failure = "the agent ended the stream"
             except asyncio.CancelledError:
                 raise

@@ -10,6 +10,8 @@ from __future__ import annotations
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from timeslice.api.bounds import cap
+
 
 class TimeSliceError(Exception):
     """Base of every error timeslice raises."""
@@ -122,8 +124,9 @@ _BY_STATUS: dict[Status, type[TimeSliceError]] = {
 
 
 def to_grpc_error(error: TimeSliceError) -> GRPCError:
-    """The `GRPCError` a servicer raises for a domain error."""
-    return GRPCError(error.status, error.message or type(error).__name__)
+    """The `GRPCError` a servicer raises for a domain error, its message capped
+    (see `timeslice.api.bounds`)."""
+    return GRPCError(error.status, cap(error.message or type(error).__name__))
 
 
 def from_grpc_error(

@@ -643,6 +643,34 @@ def test_a_retried_yield_returns_the_first_answer(t: Harness) -> None:
     t.refuse(ev.Yield(3, "g", "a", request_id="y2"), NotHolderError)
 
 
+def test_a_request_id_of_another_job_or_group_is_not_a_retry(t: Harness) -> None:
+    t.acquire("a", group="g1", now=0)
+    t.acquire("b", group="g2", now=0)
+    t.yield_("a", group="g1", now=1, request_id="7")
+    # b's first Yield with the same id is applied, not answered as a's was
+    assert t.yield_("b", group="g2", now=2, request_id="7") == [
+        ev.Yielded("g2", "b", 1, 0, True, "")
+    ]
+    assert t.table.groups["g2"].holder is None
+    # nor is a's id of a Yield taken for an Acquire's
+    [granted] = t.acquire("a", group="g1", now=3, request_id="7", call_id="a-2")
+    assert isinstance(granted, ev.Granted) and granted.token == 2
+
+
+def test_the_answers_kept_for_retries_are_one_per_job_and_kind_and_expire(t: Harness) -> None:
+    for i in range(1000):
+        t.acquire("a", now=i, request_id=f"acq-{i}", call_id=f"a-{i}")
+        t.yield_("a", now=i + 0.5, request_id=f"yield-{i}")
+    assert len(t.table.answers) == 2  # a's latest Acquire and its latest Yield
+    assert len(json.dumps(t.table.to_dict()["answers"])) < 1000
+    # a retry of the latest is still answered as the first try was
+    assert t.yield_("a", now=999.6, request_id="yield-999") == [
+        ev.Yielded("g", "a", 1000, 0, True, "")
+    ]
+    t.acquire("b", now=5000, request_id="b-1")
+    assert list(t.table.answers) == [("acquire", "g", "b")]  # a's are two minutes old
+
+
 def test_yield_with_a_stale_token_is_refused(t: Harness) -> None:
     t.acquire("a", now=0)
     t.yield_("a", now=1)

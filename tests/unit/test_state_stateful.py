@@ -258,7 +258,7 @@ class LockTableMachine(RuleBasedStateMachine):
         holding = self.holder[group] == job
         there = holding or job in self.queue[group]
         busy = self.holder[group] is not None
-        earlier = self.table.recent.get(rid) if rid else None
+        earlier = self.table.answered("acquire", group, job, rid)
         outcome = self.acquire_event(event)
         if isinstance(outcome, LeaseLostError):
             assert earlier is not None and not isinstance(earlier, ev.Yielded), earlier
@@ -325,7 +325,7 @@ class LockTableMachine(RuleBasedStateMachine):
             "current": current,
             "stale": max(self.newest[group] - 1, 0),
         }[token]
-        earlier = self.table.recent.get(rid)
+        earlier = self.table.answered("yield", group, job, rid)
         before = self.table.to_dict()
         known = group in self.table.groups
         try:

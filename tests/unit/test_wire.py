@@ -222,3 +222,58 @@ def test_a_truncated_packed_field_is_refused() -> None:
 def test_a_malformed_field_after_good_ones_is_refused() -> None:
     with pytest.raises(ValueError):
         decode_strict(orch.AcquireRequest, bytes(ACQUIRE) + key(1, 2) + varint(100))
+
+
+# --- bounds: every string and repeated field, checked at decode ----------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        orch.AcquireRequest(job_id="j" * 257, group_id="g"),
+        orch.AcquireRequest(job_id="j", group_id="g", request_id="r" * 400_000),
+        orch.YieldRequest(job_id="j", group_id="g", request_id="r" * 257),
+        orch.AcquireRequest(job_id="j", group_id="g", more_group_ids=["x"] * 257),
+        orch.AcquireRequest(job_id="j\x00", group_id="g"),
+        orch.AcquireRequest(job_id="job\u202e", group_id="g"),  # a bidirectional override
+        orch.ForceReleaseRequest(group_id="g", reason="r" * 1025),
+        agent.GetOperationRequest(operation_id="o" * 400_000),
+        agent.SnapshotRequest(
+            job_id="j", backend_config=agent.BackendConfig(named=agent.NamedBackendConfig("n" * 300))
+        ),
+        agent.SnapshotRequest(
+            job_id="j",
+            backend_config=agent.BackendConfig(
+                cuda=agent.CudaBackendConfig(agent.ProcessTarget(pids=list(range(5000))))
+            ),
+        ),
+        agent.WorkloadMessage(result=agent.CommandResult(command_id="c", error="e" * 2000)),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_a_field_out_of_its_bounds_is_refused_without_repeating_it(message: object) -> None:
+    with pytest.raises(ValueError) as raised:
+        decode_strict(type(message), bytes(message))  # type: ignore[arg-type]
+    assert len(str(raised.value)) < 200
+
+
+def test_fields_at_their_bounds_are_accepted() -> None:
+    message = orch.AcquireRequest(
+        job_id="é" * 128, group_id="g" * 256, request_id="r" * 256, more_group_ids=["x"] * 256
+    )
+    assert decode_strict(orch.AcquireRequest, bytes(message)) == message
+    text = orch.ForceReleaseRequest(group_id="g", reason="line one\nline two " * 50)
+    assert decode_strict(orch.ForceReleaseRequest, bytes(text)) == text
+
+
+def test_two_members_of_one_oneof_are_refused() -> None:
+    cuda = length_delimited(1, b"")
+    named = length_delimited(100, length_delimited(1, b"noop"))
+    config = cuda + named
+    with pytest.raises(ValueError, match="both set"):
+        decode_strict(agent.BackendConfig, config)
+    # inside a request too
+    with pytest.raises(ValueError, match="both set"):
+        decode_strict(agent.SnapshotRequest, length_delimited(1, b"j") + length_delimited(4, config))
+    # the same member twice is one member (merged, as protobuf says)
+    assert decode_strict(agent.BackendConfig, cuda + cuda).cuda is not None

@@ -24,6 +24,8 @@ from grpclib.const import Cardinality
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.client._transport import backoff_delays, in_own_task, parse_target
+from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
+from timeslice.errors import NotFoundError
 
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 AGENT_SESSION = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession"
 # A session that lasted this long was healthy: the next reconnect starts fast again.
 HEALTHY_SESSION_SEC = 5.0
+# How long a command with a fencing token new to this agent waits for the
+# orchestrator to say whether it issued that token.
+TOKEN_CHECK_TIMEOUT_SEC = 5.0
 
 
 class OrchestratorLink:
@@ -46,11 +51,30 @@ class OrchestratorLink:
         self._accelerators: list[apb.AcceleratorStatus] = []
         #: Reports the orchestrator has accepted (tests and logs read it).
         self.reports_sent = 0
+        self._client: AsyncTimeSliceOrchestratorClient | None = None
+
+    async def issued_token(self, group: str) -> int:
+        """The newest fencing token the orchestrator has issued for `group` (0: none)."""
+        if self._client is None:
+            self._client = AsyncTimeSliceOrchestratorClient(
+                self.target,
+                lease_ttl_sec=None,
+                call_timeout_sec=TOKEN_CHECK_TIMEOUT_SEC,
+                reconnect_timeout_sec=TOKEN_CHECK_TIMEOUT_SEC,
+            )
+        try:
+            status = await self._client.get_status(group, timeout_sec=TOKEN_CHECK_TIMEOUT_SEC)
+        except NotFoundError:
+            return 0
+        return status.group.fencing_token
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

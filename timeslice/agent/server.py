@@ -25,6 +25,8 @@ from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
 from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
+from timeslice.api.bounds import MAX_FENCING_TOKEN
+from timeslice.api.connections import ConnectionLimits
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
 from timeslice.client._transport import parse_target
@@ -153,6 +155,8 @@ class Agent:
         try:
             await self._store.open()
             saved = await self._store.load()
+        # Per group, the newest fencing token the orchestrator said it issued.
+        self._issued_tokens: dict[str, int] = {}
             if saved is not None:
                 self.table = JobTable.from_dict(saved, op_retention=self.config.operation_retention)
             await self._load_backends()
@@ -416,6 +420,30 @@ class Agent:
             time.time(),
             kind,
             group,
+    async def check_token(self, group: str, token: int) -> None:
+        """Refuse a fencing token that the orchestrator never issued for `group`.
+
+        Taken, a token from the future would make every real command for the
+        group stale, for good (the newest token seen is saved). So a token
+        newer than any seen for the group is taken only once the orchestrator
+        says it issued one at least as new: one question per new grant. An
+        agent without an orchestrator has nobody to ask, and takes tokens as
+        sent (it listens on loopback unless told otherwise).
+        """
+        if token > MAX_FENCING_TOKEN:
+            raise InvalidArgumentError(f"fencing token {token} is out of range")
+        if not token or self._link is None or token <= self.table.tokens.get(group, 0):
+            return
+        if token <= self._issued_tokens.get(group, 0):
+            return
+        issued = await self._link.issued_token(group)
+        self._issued_tokens[group] = max(issued, self._issued_tokens.get(group, 0))
+        if token > issued:
+            raise ConflictError(
+                f"fencing token {token} for group {group!r} was never issued: the"
+                f" orchestrator's newest is {issued}"
+            )
+
             job,
             timeout or self.config.operation_timeout,
             token,
@@ -433,6 +461,7 @@ class Agent:
         op = self.table.operations.get(op_id)
         if op is not None and op.status is OpStatus.PENDING and wait > 0:
             event = self._ended.setdefault(op_id, asyncio.Event())
+        await self.check_token(group, token)
             # asyncio.timeout, not wait_for: no task in between, so that this caller
             # runs in the very turn of the loop the operation ends in.
             with contextlib.suppress(TimeoutError):

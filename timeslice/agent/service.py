@@ -107,6 +107,11 @@ class AgentService(pb.SnapshotAgentServiceBase):
                 choice = BackendChoice(*backend_of(job.backend_config, pb.Backend.UNSPECIFIED))
             jobs[job.job_id] = choice
         report = await switch_group(
+            if job.snapshot_timeout_ms < 0:
+                raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
+            if job.snapshot_timeout_ms:
+                snapshot_limits[job.job_id] = job.snapshot_timeout_ms / 1000
+        await self.agent.check_token(message.group, message.fencing_token)
             self.agent,
             message.group,
             message.next_job_id,

@@ -138,7 +138,10 @@ async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> A
     """Read one message of at most `limit` bytes (None at the end of the stream),
     refusing a larger one after its 5-byte header; parse it strictly."""
     raw = stream._stream  # grpclib reads whole messages with no size limit
-    header = await raw.recv_data(5)
+    try:
+        header = await raw.recv_data(5)
+    except AssertionError:  # grpclib's word for a stream that ended inside a read
+        raise GRPCError(Status.INVALID_ARGUMENT, "the message is truncated") from None
     if not header:
         return None
     if len(header) < 5:
@@ -150,7 +153,10 @@ async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> A
         raise GRPCError(
             Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is over the {limit}-byte limit"
         )
-    body = await raw.recv_data(size)
+    try:
+        body = await raw.recv_data(size)
+    except AssertionError:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the message is truncated") from None
     if len(body) != size:
         raise GRPCError(Status.INVALID_ARGUMENT, "the message is truncated")
     try:

@@ -4,7 +4,10 @@ The generated message classes parse leniently: a truncated field or a field of
 the wrong wire type comes back as a half-filled message. A server must refuse
 such input instead, so `decode_strict` walks the wire format first and raises
 `ValueError` on anything malformed. Unknown fields are allowed (a newer client
-may send them) as long as they are well formed.
+may send them) as long as they are well formed. Two members of one oneof are
+refused (the parser would silently keep the last), and so is every string or
+repeated field out of its bounds (`timeslice.api.bounds`). No error message
+repeats what the caller sent.
 """
 
 from __future__ import annotations
@@ -12,6 +15,15 @@ from __future__ import annotations
 from typing import Any, Final, TypeVar
 
 import betterproto2
+
+from timeslice.api.bounds import (
+    MAX_ITEMS,
+    MAX_ITEMS_BY_FIELD,
+    TEXT_FIELDS,
+    cap,
+    id_problem,
+    text_problem,
+)
 
 _M = TypeVar("_M", bound=betterproto2.Message)
 
@@ -31,9 +43,36 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
     """Parse `data` as `message_type`, raising ValueError if it is malformed."""
     _check(message_type, memoryview(data), 0)
     try:
-        return message_type.FromString(data)
+        message = message_type.FromString(data)
     except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
-        raise ValueError(f"malformed {message_type.__name__}: {exc}") from exc
+        raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+    _check_bounds(message, type(message).__name__)
+    return message
+
+
+def _check_bounds(message: betterproto2.Message, path: str) -> None:
+    meta = message._betterproto
+    for name, field in meta.meta_by_field_name.items():
+        value = getattr(message, name, None)
+        if value is None:
+            continue
+        where = f"{path}.{name}"
+        if field.repeated:
+            limit = MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS)
+            if len(value) > limit:
+                raise ValueError(f"{where} has more than {limit} items")
+            items = value
+        else:
+            items = (value,)
+        if field.proto_type == "string":
+            check = text_problem if name in TEXT_FIELDS else id_problem
+            for item in items:
+                if (problem := check(item)) is not None:
+                    raise ValueError(f"{where} {problem}")
+        elif field.proto_type == "message":
+            for item in items:
+                if isinstance(item, betterproto2.Message):
+                    _check_bounds(item, where)
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
@@ -56,6 +95,7 @@ def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
         raise ValueError("message nested too deeply")
     meta = message_type._betterproto
     by_number = {m.number: (name, m) for name, m in meta.meta_by_field_name.items()}
+    oneof_seen: dict[str, str] = {}
     pos = 0
     while pos < len(data):
         key, pos = _varint(data, pos)
@@ -77,6 +117,13 @@ def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
         known = by_number.get(number)
         if known is not None:
             name, field = known
+            if field.group is not None:
+                other = oneof_seen.setdefault(field.group, name)
+                if other != name:
+                    raise ValueError(
+                        f"{message_type.__name__}: {other} and {name} are both set,"
+                        f" but only one member of {field.group} may be"
+                    )
             expected = _WIRE_TYPE.get(field.proto_type)
             packed = field.repeated and wire == _LEN and expected != _LEN
             if expected is not None and wire != expected and not packed:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import enum
 import re
-import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from timeslice.api.bounds import id_problem
 from timeslice.client._transport import parse_target
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
 
-MAX_ID_BYTES: Final = 256
 
 
 class GroupState(enum.Enum):
@@ -82,6 +81,11 @@ class Group:
     last_served: dict[str, float] = field(default_factory=dict)
     # Jobs that failed on the group's accelerators, with why, until an operator resets them.
     quarantined: dict[str, str] = field(default_factory=dict)
+    # The job whose grant ended without a yield (revoked, force-released) while its
+    # context stayed loaded: its process may be frozen and never answer, so a switch
+    # away from it bounds its snapshot by the shorter revoked-snapshot deadline.
+    # Cleared once another job's context is loaded, or the job is granted again.
+    revoked_job: str = ""
 
     @property
     def state(self) -> GroupState:
@@ -104,10 +108,8 @@ def waiter_from_dict(data: dict[str, Any]) -> Waiter:
 def check_id(name: str, value: str) -> None:
     if not value:
         raise InvalidArgumentError(f"{name} must not be empty")
-    if len(value.encode()) > MAX_ID_BYTES:
-        raise InvalidArgumentError(f"{name} is longer than {MAX_ID_BYTES} bytes")
-    if any(unicodedata.category(c) == "Cc" for c in value):
-        raise InvalidArgumentError(f"{name} contains control characters")
+    if (problem := id_problem(value)) is not None:
+        raise InvalidArgumentError(f"{name} {problem}")
 
 
 _NODE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")

@@ -66,8 +66,8 @@ from timeslice.errors import (
 )
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
+from timeslice.api.bounds import MAX_ID_BYTES
 from timeslice.orchestrator.model import (
-    MAX_ID_BYTES,
     Group,
     GroupState,
     Holder,
@@ -83,8 +83,13 @@ __all__ = ["MAX_ID_BYTES", "Group", "GroupState", "Holder", "LockTable", "Waiter
            "check_node"]  # fmt: skip
 
 MAX_LEASE_TTL: Final = 3600.0
-# Request ids remembered for idempotent retries; the oldest are forgotten first.
-RECENT_REQUESTS: Final = 10_000
+# A call's request id is remembered, for an idempotent retry, per kind of call,
+# group and job: a job retries only its latest call of a kind, so one answer
+# each is enough, and another job's ids never match. Answers older than
+# ANSWER_MEMORY_SEC are forgotten (clients give up retrying well before), and
+# never more than MAX_ANSWERS are kept: a snapshot of the table carries no more.
+ANSWER_MEMORY_SEC: Final = 120.0
+MAX_ANSWERS: Final = 100_000
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,19 @@ class _AcquireOutcome:
     group: str
     job: str
     token: int
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The answer to a job's latest call of a kind on a group, for its retries."""
+
+    request_id: str
+    at: float
+    outcome: _AcquireOutcome | ev.Yielded
+
+
+_ACQUIRE: Final = "acquire"
+_YIELD: Final = "yield"
 
 
 _HOLDER: Final = ""  # timer key of a group's holder; a waiter's key is its job id
@@ -118,7 +136,8 @@ class LockTable:
         # How long after a start a grant nobody has claimed is kept (from `Recover`).
         self.claim_grace = 30.0
         self.tickets = 0
-        self.recent: OrderedDict[str, _AcquireOutcome | ev.Yielded] = OrderedDict()
+        # (kind of call, group, job) -> its latest answer, the oldest first.
+        self.answers: OrderedDict[tuple[str, str, str], _Answer] = OrderedDict()
         # (deadline, group, key): a lazy heap; stale entries are skipped when met.
         self._timers: list[tuple[float, str, str]] = []
 
@@ -168,7 +187,7 @@ class LockTable:
         if e.lease_ttl is not None and not 0 < e.lease_ttl <= MAX_LEASE_TTL:
             raise InvalidArgumentError(f"lease TTL must be in (0, {MAX_LEASE_TTL:.0f}] seconds")
         groups = [self.groups.get(n) or Group(n, state_since=e.now) for n in names]
-        earlier = self.recent.get(e.request_id) if e.request_id else None
+        earlier = self.answered(_ACQUIRE, e.group, e.job, e.request_id)
         if isinstance(earlier, _AcquireOutcome):
             granted = self.groups.get(earlier.group)
             h = granted.holder if granted else None
@@ -234,7 +253,8 @@ class LockTable:
             effects.append(ev.Superseded(g.name, h.job, h.call_id))
         unclaimed = h.claim_deadline is not None
         h.call_id, h.claim_deadline, h.lease_ttl = e.call_id, None, e.lease_ttl
-        self._remember(e.request_id, _AcquireOutcome(g.name, h.job, h.token))
+        self._remember(_ACQUIRE, g.name, h.job, e.request_id, e.now,
+                       _AcquireOutcome(g.name, h.job, h.token))  # fmt: skip
         if h.switching:
             return effects  # answered when the switch is done
         h.expires_at = e.now + e.lease_ttl if e.lease_ttl else None
@@ -260,7 +280,7 @@ class LockTable:
     def _yield(self, e: ev.Yield) -> list[Effect]:
         g = self._existing(e.group)
         check_id("job_id", e.job)
-        earlier = self.recent.get(e.request_id) if e.request_id else None
+        earlier = self.answered(_YIELD, e.group, e.job, e.request_id)
         if isinstance(earlier, ev.Yielded):
             return [earlier]
         h = g.holder
@@ -279,7 +299,7 @@ class LockTable:
         granted = self._serve(g, e.now)
         next_job = g.holder.job if g.holder else ""
         answer = ev.Yielded(g.name, e.job, h.token, waiting, waiting == 0, next_job)
-        self._remember(e.request_id, answer)
+        self._remember(_YIELD, g.name, e.job, e.request_id, e.now, answer)
         return [answer, *granted]
 
     def _keep_alive(self, e: ev.KeepAlive) -> list[Effect]:
@@ -411,7 +431,8 @@ class LockTable:
             queued_at=w.since,
             bundle=w.bundle,
         )
-        self._remember(w.request_id, _AcquireOutcome(g.name, w.job, g.token))
+        self._remember(_ACQUIRE, g.name, w.job, w.request_id, now,
+                       _AcquireOutcome(g.name, w.job, g.token))  # fmt: skip
         if switching:
             return [ev.SwitchStarted(g.name, w.job, g.token, g.loaded_job)]
         g.loaded_job = w.job
@@ -529,12 +550,33 @@ class LockTable:
         revoked = ev.Revoked(g.name, h.job, h.token, reason, h.call_id if h.switching else "")
         return [revoked, *self._serve(g, now)]
 
-    def _remember(self, request_id: str, outcome: _AcquireOutcome | ev.Yielded) -> None:
+    def answered(
+        self, kind: str, group: str, job: str, request_id: str
+    ) -> _AcquireOutcome | ev.Yielded | None:
+        """What the job's call of `kind` ("acquire", "yield") on `group` with this
+        request id was answered, if it is the latest one remembered."""
+        answer = self.answers.get((kind, group, job)) if request_id else None
+        return answer.outcome if answer is not None and answer.request_id == request_id else None
+
+    def _remember(
+        self,
+        kind: str,
+        group: str,
+        job: str,
+        request_id: str,
+        now: float,
+        outcome: _AcquireOutcome | ev.Yielded,
+    ) -> None:
         if not request_id:
             return
-        self.recent[request_id] = outcome
-        if len(self.recent) > RECENT_REQUESTS:
-            self.recent.popitem(last=False)
+        key = (kind, group, job)
+        self.answers.pop(key, None)
+        self.answers[key] = _Answer(request_id, now, outcome)
+        while self.answers:
+            oldest = next(iter(self.answers.values()))
+            if len(self.answers) <= MAX_ANSWERS and oldest.at >= now - ANSWER_MEMORY_SEC:
+                break
+            self.answers.popitem(last=False)
 
     def _existing(self, name: str) -> Group:
         check_id("group_id", name)
@@ -685,7 +727,10 @@ class LockTable:
                 }
                 for g in self.groups.values()
             ],
-            "recent": [[rid, type(o).__name__, asdict(o)] for rid, o in self.recent.items()],
+            "answers": [
+                [*key, a.request_id, a.at, type(a.outcome).__name__, asdict(a.outcome)]
+                for key, a in self.answers.items()
+            ],
         }
 
     @classmethod
@@ -718,8 +763,11 @@ class LockTable:
             for w in g.queue.values():
                 table._arm_waiter(g, w)
         outcome_types = {"_AcquireOutcome": _AcquireOutcome, "Yielded": ev.Yielded}
-        for rid, kind, fields in data["recent"]:
-            table.recent[rid] = outcome_types[kind](**fields)
+        # (Snapshots written before answers were kept per call had "recent", a
+        # list of request ids alone: those are not carried over.)
+        for kind, group, job, rid, at, outcome, fields in data.get("answers", ()):
+            answer = _Answer(rid, at, outcome_types[outcome](**fields))
+            table.answers[(kind, group, job)] = answer
         return table
 
 

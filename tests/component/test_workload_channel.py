@@ -243,6 +243,17 @@ async def test_a_failed_command_is_answered_with_its_error(agent: AgentServer) -
     assert recorder.calls == [("snapshot", "discard", ["kv_cache"]), ("restore", ["weights"])]
 
 
+async def test_a_long_error_is_cut_to_what_the_agent_takes(agent: AgentServer) -> None:
+    recorder = Recorder(error=RuntimeError("x" * 100_000))
+    async with await register_workload(
+        address(agent), "job-a", on_snapshot=recorder.on_snapshot, on_restore=recorder.on_restore
+    ):
+        stream = await agent.fake.next_stream()
+        result = await stream.snapshot(pb.SuspendMode.OFFLOAD)
+        assert not result.ok and result.error.startswith("RuntimeError: xxx")
+        assert len(result.error.encode()) <= 1024
+
+
 async def test_modes_are_checked_against_the_capabilities(agent: AgentServer) -> None:
     recorder = Recorder()
     async with await register_workload(

@@ -33,6 +33,7 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from timeslice.api.bounds import MAX_TEXT_BYTES, cap
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
 from timeslice.client._transport import in_own_task, parse_target
@@ -440,9 +441,9 @@ class WorkloadRegistration:
             log.warning(
                 "job %s: %s %s failed: %s", self.job_id, what, command.command_id, exc, exc_info=exc
             )
-            return pb.CommandResult(
-                command_id=command.command_id, ok=False, error=f"{type(exc).__name__}: {exc}"
-            )
+            # The agent refuses a longer error than MAX_TEXT_BYTES.
+            error = cap(f"{type(exc).__name__}: {exc}", MAX_TEXT_BYTES)
+            return pb.CommandResult(command_id=command.command_id, ok=False, error=error)
         log.debug("job %s: %s %s done: %s", self.job_id, what, command.command_id, moved)
         return pb.CommandResult(
             command_id=command.command_id,

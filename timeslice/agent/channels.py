@@ -5,6 +5,10 @@ tensors to pinned host memory, the host-memory workload) registers over the
 `WorkloadChannel` stream and is then sent snapshot and restore commands, each
 with an id, and answers each with a result. A newer registration of the same
 job replaces the older stream; a stream that ends fails whatever it still owed.
+
+A command not answered by its deadline (a frozen workload) leaves the channel
+not knowing where the context is (`state` ""), for the workload may still carry
+it out; its late answer, which no operation waits for any more, tells it again.
 """
 
 from __future__ import annotations
@@ -70,10 +74,14 @@ class WorkloadChannel:
     group: str
     job: str
     capabilities: Capabilities
-    state: str = "RUNNING"  # where the workload's context is, as far as the channel knows
+    # Where the workload's context is, as far as the channel knows: "" while a command
+    # it was sent is past its deadline and unanswered.
+    state: str = "RUNNING"
     outbox: asyncio.Queue[Command | None] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[Result]] = field(default_factory=dict)
     closed: str = ""  # why, once closed
+    # Commands given up on unanswered: id -> (kind, the state before the command).
+    overdue: dict[str, tuple[str, str]] = field(default_factory=dict)
     failure: Exception | None = None  # the error the stream ends with, if the workload broke it
 
     async def run(self, command: Command, timeout: float) -> Result:
@@ -92,12 +100,20 @@ class WorkloadChannel:
             ) from None
         finally:
             self.pending.pop(command.command_id, None)
+            if result.cancelled():  # given up on (deadline, cancel), not answered
+                self.overdue[command.command_id] = (command.kind, self.state)
+                self.state = ""
 
     def deliver(self, result: Result) -> bool:
         """A result arrived on the stream; False if no command waits for it any more
-        (it came after the command's deadline)."""
+        (it came after the command's deadline: then it says where the context is)."""
         waiting = self.pending.get(result.command_id)
         if waiting is None or waiting.done():
+            if (overdue := self.overdue.pop(result.command_id, None)) is not None:
+                kind, before = overdue
+                # As an answer in time would have: done moves it, failed leaves it.
+                moved = "SAVED" if kind == "snapshot" else "RUNNING"
+                self.state = moved if result.ok else before
             return False
         waiting.set_result(result)
         return True

@@ -100,24 +100,26 @@ class AgentService(pb.SnapshotAgentServiceBase):
         if message.timeout_ms <= 0:
             raise InvalidArgumentError("timeout_ms must be positive")
         jobs: dict[str, BackendChoice | None] = {}
+        snapshot_limits: dict[str, float] = {}
         for job in message.jobs:
             check_id("job_id", job.job_id)
             choice = None
             if job.backend_config is not None:
                 choice = BackendChoice(*backend_of(job.backend_config, pb.Backend.UNSPECIFIED))
             jobs[job.job_id] = choice
-        report = await switch_group(
             if job.snapshot_timeout_ms < 0:
                 raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
             if job.snapshot_timeout_ms:
                 snapshot_limits[job.job_id] = job.snapshot_timeout_ms / 1000
         await self.agent.check_token(message.group, message.fencing_token)
+        report = await switch_group(
             self.agent,
             message.group,
             message.next_job_id,
             message.fencing_token,
             message.timeout_ms / 1000,
             jobs,
+            snapshot_limits,
         )
         return pb.SwitchGroupResponse(
             steps=[_switch_step(step) for step in report.steps],

@@ -8,6 +8,17 @@ is left and changes nothing that is done: a switch is idempotent. Each step is
 an ordinary operation of the table, started with the group's fencing token and
 bounded by the switch's deadline; a step that fails quarantines its job (FAULTED)
 and the switch goes on with the others.
+
+A job the orchestrator gives a snapshot limit of its own (a holder that lost the
+group without yielding: its process may be frozen) has its snapshot started
+with that shorter timeout. When it runs out the table fails the operation and
+faults the job like any operation past its deadline, and the next job is
+restored without waiting for the rest of the switch. The frozen workload may
+still carry the command out when it wakes: its answer then comes too late for
+the operation and changes nothing in the table (the job stays FAULTED, so no
+switch moves it), while its channel learns where the context went, so that a
+reset reconciles the job to where it really is; until the workload answers, a
+reset leaves it FAULTED, its state unknown.
 """
 
 from __future__ import annotations
@@ -63,10 +74,13 @@ async def switch_group(
     token: int,
     timeout: float,
     jobs: Mapping[str, BackendChoice | None],
+    snapshot_limits: Mapping[str, float] | None = None,
 ) -> SwitchReport:
     """Snapshot every live context of `group` but `next_job`'s, then restore
     `next_job`'s if it is saved. `jobs` are the group's jobs the orchestrator
-    knows, with the backend each registered (None: none registered)."""
+    knows, with the backend each registered (None: none registered);
+    `snapshot_limits` the seconds a job's snapshot may take at most, for jobs
+    whose snapshot must end before the switch's deadline."""
     deadline = time.time() + timeout
     async with agent.switch_lock(group):
         newest = agent.table.tokens.get(group, 0)
@@ -75,7 +89,7 @@ async def switch_group(
                 f"stale fencing token {token} for group {group!r} (newest seen {newest})"
             )
         await _settle(agent, group, jobs, deadline)
-        steps = await _evict(agent, group, next_job, token, jobs, deadline)
+        steps = await _evict(agent, group, next_job, token, jobs, deadline, snapshot_limits or {})
         target = agent.table.find(group, next_job) if next_job else None
         if target is not None and target.state is JobState.SAVED:
             choice = jobs.get(next_job)
@@ -123,6 +137,7 @@ async def _evict(
     token: int,
     jobs: Mapping[str, BackendChoice | None],
     deadline: float,
+    limits: Mapping[str, float],
 ) -> list[SwitchStep]:
     live = {
         j.job: jobs.get(j.job)
@@ -135,7 +150,7 @@ async def _evict(
         if job != next_job and choice is not None and choice.backend is not None:
             if agent.table.find(group, job) is None:
                 live[job] = choice
-    return await _run_all(agent, group, st.SNAPSHOT, live, token, deadline)
+    return await _run_all(agent, group, st.SNAPSHOT, live, token, deadline, limits)
 
 
 async def _run_all(
@@ -145,10 +160,14 @@ async def _run_all(
     jobs: Mapping[str, BackendChoice | None],
     token: int,
     deadline: float,
+    limits: Mapping[str, float] | None = None,
 ) -> list[SwitchStep]:
-    """Start `kind` for every job at once, then wait for all of them to end."""
+    """Start `kind` for every job at once, then wait for all of them to end; a job
+    in `limits` has its operation bounded by that many seconds too."""
+    limits = limits or {}
     starts = [
-        _start(agent, group, kind, job, choice, token, deadline) for job, choice in jobs.items()
+        _start(agent, group, kind, job, choice, token, deadline, limits.get(job))
+        for job, choice in jobs.items()
     ]
     # One job starts right here, in this turn of the loop: a restore started as the
     # snapshots end then shares their write of the job table.
@@ -170,10 +189,15 @@ async def _start(
     choice: BackendChoice | None,
     token: int,
     deadline: float,
+    limit: float | None = None,
 ) -> SwitchStep:
     left = deadline - time.time()
     if left <= 0:
         return SwitchStep(job, kind, None, "the switch's deadline passed first")
+    # The operation's own deadline, not a wait: the table fails it when it passes
+    # (and cancels the backend's call), whether or not the backend ever answers.
+    if limit is not None:
+        left = min(left, limit)
     known = agent.table.find(group, job) is not None
     try:
         op_id = await agent.start_operation(

@@ -13,6 +13,14 @@ A switch is idempotent on the agents (each works from where its contexts really
 are), so an orchestrator that restarts with a switch in its journal simply
 runs it again. An agent that cannot be reached is retried until the deadline;
 then the switch fails and the grant goes to the next waiter.
+
+The job the table names as revoked (`Group.revoked_job`: it lost the group by
+its lease, a hold limit, its workload going or a force release, not by
+yielding) may be a frozen process that never answers its snapshot. Its
+snapshot is bounded by the shorter `revoked_snapshot_timeout`, told to each
+agent per job (`SwitchJob.snapshot_timeout_ms`): when it runs out the agent
+faults that job, the switch goes on, and the job is quarantined here as for any
+failed snapshot. A yielding holder's snapshot has the whole switch timeout.
 """
 
 from __future__ import annotations
@@ -52,9 +60,16 @@ class NodeResult:
 class HandoffDriver:
     """Runs the switches the lock table starts, one task per group."""
 
-    def __init__(self, orchestrator: Orchestrator, timeout: float) -> None:
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        timeout: float,
+        revoked_snapshot_timeout: float | None = None,
+    ) -> None:
         self.orch = orchestrator
         self.timeout = timeout
+        # None: a revoked holder's snapshot has the whole switch, as any other.
+        self.revoked_snapshot_timeout = revoked_snapshot_timeout
         self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
 
@@ -87,7 +102,13 @@ class HandoffDriver:
         began = time.time()
         deadline = began + self.timeout
         nodes = self.orch.table.nodes.get(switch.group, ())
-        results = await asyncio.gather(*(self._node(node, switch, deadline) for node in nodes))
+        # Read from the table, not the effect: a switch run again after a restart
+        # is started without one.
+        g = self.orch.table.groups.get(switch.group)
+        revoked = g.revoked_job if g is not None else ""
+        results = await asyncio.gather(
+            *(self._node(node, switch, deadline, revoked) for node in nodes)
+        )
         if any(r.error == _SUPERSEDED for r in results):
             return  # a newer grant of the group took over; its switch does the work
         failpoint(SWITCH_MOVED)
@@ -109,7 +130,9 @@ class HandoffDriver:
         except TimeSliceError as exc:  # the orchestrator stopped meanwhile
             log.info("switch of %s ended without effect: %s", switch.group, exc)
 
-    async def _node(self, node: str, switch: ev.SwitchStarted, deadline: float) -> NodeResult:
+    async def _node(
+        self, node: str, switch: ev.SwitchStarted, deadline: float, revoked: str
+    ) -> NodeResult:
         address = await self.orch.agents.wait_address(node, self.orch.table.agents, deadline)
         if address is None:
             return NodeResult(node, error="no agent registered for this node in time")
@@ -119,30 +142,42 @@ class HandoffDriver:
                 switch.group,
                 switch.job,
                 switch.token,
-                jobs=list(self._jobs(switch.group, node)),
+                jobs=list(self._jobs(switch.group, node, revoked)),
                 timeout_sec=max(left, 0.001),
             )
         except LeaseLostError:
             return NodeResult(node, error=_SUPERSEDED)
         except TimeSliceError as exc:
             return NodeResult(node, error=f"agent {address}: {exc.message or type(exc).__name__}")
-        return _node_result(node, switch.job, answer)
+        return _node_result(node, switch.job, answer, revoked, self._revoked_limit())
 
-    def _jobs(self, group: str, node: str) -> Iterable[apb.SwitchJob]:
-        """The group's jobs the table knows, each with the backend it registered."""
+    def _revoked_limit(self) -> float | None:
+        """The revoked job's snapshot limit, when it is shorter than the switch."""
+        limit = self.revoked_snapshot_timeout
+        return limit if limit is not None and limit < self.timeout else None
+
+    def _jobs(self, group: str, node: str, revoked: str) -> Iterable[apb.SwitchJob]:
+        """The group's jobs the table knows, each with the backend it registered
+        (and the revoked one with its shorter snapshot limit)."""
         table = self.orch.table
         g = table.groups.get(group)
         registered = table.job_backends.get(group, {})
-        known = set(registered)
+        known = set(registered) | ({revoked} if revoked else set())
         if g is not None:
             known |= {*g.queue, *g.last_served, *g.quarantined}
             if g.holder is not None:
                 known.add(g.holder.job)
+        limit = self._revoked_limit()
+        limit_ms = max(1, round(limit * 1000)) if limit is not None else 0
         for job in sorted(known):
             config = registered.get(job, {})
             chosen = config.get(node, config.get(""))
             backend = apb.BackendConfig.from_dict(chosen) if chosen is not None else None
-            yield apb.SwitchJob(job_id=job, backend_config=backend)
+            yield apb.SwitchJob(
+                job_id=job,
+                backend_config=backend,
+                snapshot_timeout_ms=limit_ms if job == revoked else 0,
+            )
 
     def _client(self, address: str) -> AsyncSnapshotAgentClient:
         client = self._clients.get(address)
@@ -157,11 +192,21 @@ _SUPERSEDED = "superseded by a newer grant"
 _FAILED = apb.OperationStatus.FAILED
 
 
-def _node_result(node: str, target: str, answer: apb.SwitchGroupResponse) -> NodeResult:
+def _node_result(
+    node: str,
+    target: str,
+    answer: apb.SwitchGroupResponse,
+    revoked: str = "",
+    revoked_limit: float | None = None,
+) -> NodeResult:
     faults: list[tuple[str, str]] = []
     for step in answer.steps:
         if step.operation_id and step.status == _FAILED:
-            faults.append((step.job_id, f"{step.kind} failed on {node}: {step.error or '?'}"))
+            reason = f"{step.kind} failed on {node}: {step.error or '?'}"
+            if step.job_id == revoked and step.kind == "snapshot" and revoked_limit:
+                # Say why it had so little time: an operator resets it once it runs.
+                reason += f" (revoked holder: its snapshot had {revoked_limit:g} s)"
+            faults.append((step.job_id, reason))
         elif step.operation_id and step.status != apb.OperationStatus.COMPLETE:
             faults.append((step.job_id, f"{step.kind} did not finish in time on {node}"))
         elif not step.operation_id:

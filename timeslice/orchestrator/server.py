@@ -72,6 +72,12 @@ class OrchestratorConfig:
     group_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # The longest a switch (every node's snapshots and restore) may take.
     switch_timeout: float = 120.0
+    # The longest the snapshot of a holder that lost the group without yielding
+    # (lease expired, hold limit, workload gone, force release) may take: its
+    # process may be frozen and never answer, and the next job should not wait the
+    # whole switch timeout for it. When it runs out that job is quarantined and the
+    # switch goes on. Keep it above the longest snapshot a live holder takes.
+    revoked_snapshot_timeout: float = 30.0
     # After a start, how long queued jobs and unclaimed grants wait for their client.
     recovery_grace: float = 30.0
     # A snapshot of the table every this many journaled events.
@@ -105,6 +111,8 @@ class OrchestratorConfig:
                 check_node(node)
         if not self.switch_timeout > 0:
             raise InvalidArgumentError("switch_timeout must be positive")
+        if not self.revoked_snapshot_timeout > 0:
+            raise InvalidArgumentError("revoked_snapshot_timeout must be positive")
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,9 @@ class Orchestrator:
         self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
         self.gate = CallGate("the orchestrator", self.config.max_message_bytes)
         self.agents = AgentDirectory()
-        self.handoff = HandoffDriver(self, self.config.switch_timeout)
+        self.handoff = HandoffDriver(
+            self, self.config.switch_timeout, self.config.revoked_snapshot_timeout
+        )
         self._closing = asyncio.Event()
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None

@@ -434,8 +434,10 @@ class LockTable:
         self._remember(_ACQUIRE, g.name, w.job, w.request_id, now,
                        _AcquireOutcome(g.name, w.job, g.token))  # fmt: skip
         if switching:
+            # `revoked_job` stays until SwitchDone: the switch reads it (again after
+            # a restart) to bound the revoked job's snapshot.
             return [ev.SwitchStarted(g.name, w.job, g.token, g.loaded_job)]
-        g.loaded_job = w.job
+        g.loaded_job, g.revoked_job = w.job, ""
         self._arm_holder(g)
         return [ev.Granted(g.name, w.job, w.call_id, g.token, g.holder.lease, now - w.since, False)]
 
@@ -452,7 +454,7 @@ class LockTable:
         h.expires_at = e.now + h.lease_ttl if h.lease_ttl else None
         if not h.call_id:
             h.claim_deadline = e.now + self.claim_grace
-        g.loaded_job, g.state_since = h.job, e.now
+        g.loaded_job, g.state_since, g.revoked_job = h.job, e.now, ""
         self._arm_holder(g)
         granted = ev.Granted(g.name, h.job, h.call_id, h.token, h.lease, e.now - h.queued_at,
                              e.restored, switch_bytes=e.moved_bytes)  # fmt: skip
@@ -546,6 +548,9 @@ class LockTable:
             # Nobody took the grant: its job never ran, the previous context is live.
             # (Where agents switched the contexts, the granted job's is live now.)
             g.active_job = g.loaded_job = h.previous_job
+        if g.loaded_job == h.job:
+            # Its context stays loaded and it did not yield: its process may be frozen.
+            g.revoked_job = h.job
         # Only a grant still switching has a call waiting for it: that call fails.
         revoked = ev.Revoked(g.name, h.job, h.token, reason, h.call_id if h.switching else "")
         return [revoked, *self._serve(g, now)]
@@ -689,6 +694,7 @@ class LockTable:
             assert h.job not in g.queue, f"{name}: holder {h.job} is also queued"
             assert h.token == g.token, f"{name}: holder token {h.token} is not {g.token}"
             assert h.job not in g.quarantined, f"{name}: quarantined {h.job} holds it"
+            assert h.switching or not g.revoked_job, f"{name}: {h.job} holds, revoked set"
             if h.switching:
                 assert g.active_job == h.job, f"{name}: switching to {h.job}, not active"
                 assert g.loaded_job != h.job, f"{name}: switching to {h.job}, already loaded"
@@ -724,6 +730,7 @@ class LockTable:
                     "loaded_job": g.loaded_job,
                     "last_served": dict(g.last_served),
                     "quarantined": dict(g.quarantined),
+                    "revoked_job": g.revoked_job,
                 }
                 for g in self.groups.values()
             ],
@@ -757,6 +764,7 @@ class LockTable:
                 loaded_job=gd["loaded_job"],
                 last_served=dict(gd.get("last_served", {})),
                 quarantined=dict(gd.get("quarantined", {})),
+                revoked_job=gd.get("revoked_job", ""),
             )
             table.groups[g.name] = g
             table._arm_holder(g)

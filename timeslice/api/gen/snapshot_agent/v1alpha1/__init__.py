@@ -862,6 +862,14 @@ class SwitchJob(betterproto2.Message):
     orchestrator; unset: the backend the agent knows the job by.
     """
 
+    snapshot_timeout_ms: "int" = betterproto2.field(100, betterproto2.TYPE_INT64)
+    """
+    The longest this job's snapshot may take in this switch, when shorter than
+    the switch's own timeout: the job lost the group without yielding and its
+    process may be frozen, so it must not hold the switch up. When it runs out,
+    the job is FAULTED and the switch goes on. 0: the switch's timeout.
+    """
+
 
 default_message_pool.register_message("snapshot_agent.v1alpha1", "SwitchJob", SwitchJob)
 

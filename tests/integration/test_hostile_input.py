@@ -4,6 +4,7 @@ cut frames are INVALID_ARGUMENT, never INTERNAL."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpclib.client
@@ -88,3 +89,22 @@ async def test_two_members_of_a_oneof_and_cut_frames_are_invalid_arguments() -> 
             error = await refused(agent.address, f"{AGENT}/Status", cut, framed=False)
             assert error.status is Status.INVALID_ARGUMENT, error
         assert agent.table.jobs == {}
+
+
+async def test_new_groups_and_waiters_over_the_limits_are_resource_exhausted() -> None:
+    async with Orchestrator(max_groups=1, max_waiters_per_group=1) as orch:
+        route = f"{ORCHESTRATOR}/Acquire"
+        assert not isinstance(
+            await send(orch.address, route, bytes(opb.AcquireRequest(job_id="a", group_id="g"))),
+            GRPCError,
+        )
+        other = bytes(opb.AcquireRequest(job_id="a", group_id="h"))
+        assert (await refused(orch.address, route, other)).status is Status.RESOURCE_EXHAUSTED
+        waiter = bytes(opb.AcquireRequest(job_id="b", group_id="g", wait_timeout_ms=5000))
+        waiting = asyncio.ensure_future(send(orch.address, route, waiter))
+        while "b" not in orch.table.groups["g"].queue:
+            await asyncio.sleep(0.01)
+        third = bytes(opb.AcquireRequest(job_id="c", group_id="g"))
+        assert (await refused(orch.address, route, third)).status is Status.RESOURCE_EXHAUSTED
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)

@@ -20,9 +20,11 @@ from timeslice.errors import (
     LeaseLostError,
     NotFoundError,
     NotHolderError,
+    ResourceExhaustedError,
     TimeSliceError,
 )
 from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.model import TableLimits
 from timeslice.orchestrator.state import MAX_ID_BYTES, Group, GroupState, LockTable
 
 
@@ -669,6 +671,26 @@ def test_the_answers_kept_for_retries_are_one_per_job_and_kind_and_expire(t: Har
     ]
     t.acquire("b", now=5000, request_id="b-1")
     assert list(t.table.answers) == [("acquire", "g", "b")]  # a's are two minutes old
+
+
+def test_no_new_group_and_no_waiter_over_the_tables_limits(t: Harness) -> None:
+    t.table.limits = TableLimits(max_groups=2, max_waiters_per_group=2)
+    t.acquire("a", group="g1")
+    t.acquire("a", group="g2", call_id="call-a2")
+    t.refuse(ev.Acquire(0, "g3", "a", "call-3"), ResourceExhaustedError)
+    t.refuse(ev.Acquire(0, "g1", "x", "call-x", more_groups=("g3",)), ResourceExhaustedError)
+    t.acquire("b", group="g1")
+    t.acquire("c", group="g1")
+    err = t.refuse(ev.Acquire(0, "g1", "d", "call-d"), ResourceExhaustedError)
+    assert "g1" in str(err)
+    # a job already queued asks again (its retry) whatever the limits
+    t.acquire("c", group="g1", call_id="call-c2")
+    # once one leaves, another may wait
+    t.yield_("a", group="g1")
+    t.acquire("d", group="g1")
+    # a journal is folded without limits: what it holds was admitted
+    replayed = LockTable.from_dict(t.table.to_dict())
+    assert replayed.limits is None
 
 
 def test_yield_with_a_stale_token_is_refused(t: Harness) -> None:

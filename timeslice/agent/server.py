@@ -26,7 +26,6 @@ from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
-from timeslice.api.connections import ConnectionLimits
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
 from timeslice.client._transport import parse_target
@@ -133,6 +132,8 @@ class Agent:
         # Workloads that registered over a channel since this agent started.
         self._connected: set[tuple[str, str]] = set()
         self._link: OrchestratorLink | None = None
+        # Per group, the newest fencing token the orchestrator said it issued.
+        self._issued_tokens: dict[str, int] = {}
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -155,8 +156,6 @@ class Agent:
         try:
             await self._store.open()
             saved = await self._store.load()
-        # Per group, the newest fencing token the orchestrator said it issued.
-        self._issued_tokens: dict[str, int] = {}
             if saved is not None:
                 self.table = JobTable.from_dict(saved, op_retention=self.config.operation_retention)
             await self._load_backends()
@@ -390,36 +389,6 @@ class Agent:
             return ""
         return "ALIVE" if any(pid_exists(pid) for pid in pids) else "GONE"
 
-    async def start_operation(
-        self,
-        kind: str,
-        group: str,
-        job: str,
-        *,
-        backend: str | None = None,
-        config: dict[str, Any] | None = None,
-        params: dict[str, Any] | None = None,
-        token: int = 0,
-        timeout: float | None = None,
-    ) -> str:
-        """Start a snapshot or restore; return its operation id. The backend checks a
-        new job's config and the operation's parameters first; the table decides the rest."""
-        check_id("job_id", job)
-        if group:
-            check_id("group", group)
-        known = self.table.find(group, job)
-        name = backend or (known.backend if known else None)
-        claims: tuple[str, ...] = ()
-        if name is not None:
-            chosen = self._backend(name)
-            ref = JobRef(group, job, known.config if known else (config or {}))
-            if known is None and kind == st.SNAPSHOT:
-                claims = await chosen.check(ref)
-            await chosen.check_operation(ref, kind, params or {})
-        event = st.Start(
-            time.time(),
-            kind,
-            group,
     async def check_token(self, group: str, token: int) -> None:
         """Refuse a fencing token that the orchestrator never issued for `group`.
 
@@ -444,6 +413,37 @@ class Agent:
                 f" orchestrator's newest is {issued}"
             )
 
+    async def start_operation(
+        self,
+        kind: str,
+        group: str,
+        job: str,
+        *,
+        backend: str | None = None,
+        config: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        token: int = 0,
+        timeout: float | None = None,
+    ) -> str:
+        """Start a snapshot or restore; return its operation id. The backend checks a
+        new job's config and the operation's parameters first; the table decides the rest."""
+        check_id("job_id", job)
+        if group:
+            check_id("group", group)
+        await self.check_token(group, token)
+        known = self.table.find(group, job)
+        name = backend or (known.backend if known else None)
+        claims: tuple[str, ...] = ()
+        if name is not None:
+            chosen = self._backend(name)
+            ref = JobRef(group, job, known.config if known else (config or {}))
+            if known is None and kind == st.SNAPSHOT:
+                claims = await chosen.check(ref)
+            await chosen.check_operation(ref, kind, params or {})
+        event = st.Start(
+            time.time(),
+            kind,
+            group,
             job,
             timeout or self.config.operation_timeout,
             token,
@@ -461,7 +461,6 @@ class Agent:
         op = self.table.operations.get(op_id)
         if op is not None and op.status is OpStatus.PENDING and wait > 0:
             event = self._ended.setdefault(op_id, asyncio.Event())
-        await self.check_token(group, token)
             # asyncio.timeout, not wait_for: no task in between, so that this caller
             # runs in the very turn of the loop the operation ends in.
             with contextlib.suppress(TimeoutError):

@@ -25,6 +25,19 @@ class GroupState(enum.Enum):
     SWITCHING = "SWITCHING"
 
 
+@dataclass(frozen=True, kw_only=True)
+class TableLimits:
+    """How much one orchestrator's table admits: every group stays known (its fencing
+    token must only grow), and each waiter costs every later one its place."""
+
+    max_groups: int = 10_000
+    max_waiters_per_group: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.max_groups < 1 or self.max_waiters_per_group < 1:
+            raise InvalidArgumentError("max_groups and max_waiters_per_group must be positive")
+
+
 @dataclass
 class Holder:
     """The job holding a group, and its grant."""

@@ -40,6 +40,7 @@ from timeslice.client._transport import parse_target
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.model import TableLimits
 from timeslice.orchestrator.state import Group, LockTable, check_id, check_node
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,19 @@ class OrchestratorConfig:
     # How long close() waits for calls in flight.
     drain_timeout: float = 5.0
 
+    # Groups the orchestrator knows at most (each stays known: its fencing token
+    # must only grow), and jobs waiting for one group at most.
+    max_groups: int = 10_000
+    max_waiters_per_group: int = 10_000
+
+    def table_limits(self) -> TableLimits:
+        """What the lock table admits."""
+        return TableLimits(
+            max_groups=self.max_groups, max_waiters_per_group=self.max_waiters_per_group
+        )
+
     def __post_init__(self) -> None:
+        self.table_limits()  # checks them
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
         limits = [self.hold_limit, *self.hold_limits.values()]
@@ -241,6 +254,7 @@ class Orchestrator:
                 table.handle(event)
             except TimeSliceError as exc:
                 raise RuntimeError(f"journal event {seq} does not replay: {exc}") from exc
+        table.limits = self.config.table_limits()
         self.table = table
         if len(loaded.tail) >= self.config.snapshot_every:
             await journal.save_snapshot(loaded.last_seq, table.to_dict())

@@ -63,12 +63,14 @@ from timeslice.errors import (
     LeaseLostError,
     NotFoundError,
     NotHolderError,
+    ResourceExhaustedError,
 )
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
 from timeslice.api.bounds import MAX_ID_BYTES
 from timeslice.orchestrator.model import (
     Group,
+    TableLimits,
     GroupState,
     Holder,
     Waiter,
@@ -136,6 +138,9 @@ class LockTable:
         # How long after a start a grant nobody has claimed is kept (from `Recover`).
         self.claim_grace = 30.0
         self.tickets = 0
+        # What new Acquires may add; None while a journal is folded (what it holds
+        # was admitted when it happened).
+        self.limits: TableLimits | None = None
         # (kind of call, group, job) -> its latest answer, the oldest first.
         self.answers: OrderedDict[tuple[str, str, str], _Answer] = OrderedDict()
         # (deadline, group, key): a lazy heap; stale entries are skipped when met.
@@ -222,6 +227,7 @@ class LockTable:
                 else:
                     effects += self._reattach(g, g.queue[e.job], e)
             return effects
+        self._admit(groups)
         self.tickets += 1
         for g in groups:
             self.groups[g.name] = g
@@ -237,6 +243,22 @@ class LockTable:
                 self._arm_waiter(g, g.queue[e.job])
                 effects.append(ev.Queued(g.name, e.job, e.call_id, g.position(e.job)))
         return effects
+
+    def _admit(self, groups: list[Group]) -> None:
+        """Refuse a new waiter over the table's limits."""
+        limits = self.limits
+        if limits is None:
+            return
+        new = sum(g.name not in self.groups for g in groups)
+        if new and len(self.groups) + new > limits.max_groups:
+            raise ResourceExhaustedError(
+                f"the orchestrator knows {len(self.groups)} groups, its limit: no new one"
+            )
+        for g in groups:
+            if len(g.queue) >= limits.max_waiters_per_group:
+                raise ResourceExhaustedError(
+                    f"{len(g.queue)} jobs wait for group {g.name} already, its limit"
+                )
 
     def _undo_waiting(self, groups: list[Group], job: str) -> None:
         for g in groups:

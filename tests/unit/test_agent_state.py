@@ -44,6 +44,7 @@ from timeslice.errors import (
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    ResourceExhaustedError,
     TimeSliceError,
 )
 
@@ -559,6 +560,16 @@ def test_finished_operations_are_forgotten_after_the_retention() -> None:
     assert t.table.next_deadline() is None
     t.ignore(Finish(66.0, op, True))
     assert t.job().operation == op and t.state() is JobState.SAVED
+
+
+def test_no_new_job_over_the_tables_limit() -> None:
+    t = Harness(JobTable(max_jobs=2))
+    t.register("a")
+    t.snapshot("b", backend="noop", config={})
+    t.refuse(Register(0.0, "g", "c", "noop", {}, (), JobState.RUNNING), ResourceExhaustedError)
+    t.refuse(Start(0.0, SNAPSHOT, "g", "c", 10.0, backend="noop"), ResourceExhaustedError)
+    t.register("a", now=1.0)  # a known job registers again whatever the limit
+    assert JobTable.from_dict(t.table.to_dict(), max_jobs=1).jobs.keys() == t.table.jobs.keys()
 
 
 def test_pending_operations_are_never_forgotten() -> None:

@@ -71,6 +71,8 @@ class AgentConfig:
     operation_timeout: float = 300.0
     # How long finished operations can still be looked up.
     operation_retention: float = 600.0
+    # Jobs the agent knows at most (RESOURCE_EXHAUSTED for a new one beyond).
+    max_jobs: int = 4096
     max_message_bytes: int = 4 * MiB
     drain_timeout: float = 5.0
     # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
@@ -92,6 +94,8 @@ class AgentConfig:
             check_id("group", group)
         if self.operation_timeout <= 0 or self.operation_retention <= 0:
             raise InvalidArgumentError("operation timeout and retention must be positive")
+        if self.max_jobs < 1:
+            raise InvalidArgumentError("max_jobs must be positive")
 
 
 class Agent:
@@ -105,7 +109,9 @@ class Agent:
         if config is not None and options:
             raise TypeError("pass either a config or options, not both")
         self.config = config or AgentConfig(**options)
-        self.table = JobTable(op_retention=self.config.operation_retention)
+        self.table = JobTable(
+            op_retention=self.config.operation_retention, max_jobs=self.config.max_jobs
+        )
         self.channels = WorkloadChannels()
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}  # backend name -> why it cannot serve
@@ -157,7 +163,9 @@ class Agent:
             await self._store.open()
             saved = await self._store.load()
             if saved is not None:
-                self.table = JobTable.from_dict(saved, op_retention=self.config.operation_retention)
+                self.table = JobTable.from_dict(
+                    saved, op_retention=self.config.operation_retention, max_jobs=self.config.max_jobs
+                )
             await self._load_backends()
             self._state = "serving"
             await self._apply(st.Recover(time.time()))

@@ -51,6 +51,7 @@ from timeslice.errors import (
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    ResourceExhaustedError,
 )
 from timeslice.orchestrator.model import check_id
 
@@ -257,7 +258,9 @@ class Operation:
 class JobTable:
     """Every job on this node, and the operations that move them."""
 
-    def __init__(self, op_retention: float = 600.0, max_operations: int = 10_000) -> None:
+    def __init__(
+        self, op_retention: float = 600.0, max_operations: int = 10_000, max_jobs: int = 4096
+    ) -> None:
         self.jobs: dict[tuple[str, str], Job] = {}
         self.operations: dict[str, Operation] = {}
         # Finished operations' ids, oldest finished first: what is forgotten first.
@@ -267,6 +270,8 @@ class JobTable:
         self.epoch = 0
         self.op_retention = op_retention
         self.max_operations = max_operations
+        # Jobs the table knows at most: the whole table is saved after each change.
+        self.max_jobs = max_jobs
 
     def handle(self, event: Event) -> list[Effect]:
         """Apply one event; return what the shell must do. Raises on an illegal event,
@@ -311,6 +316,12 @@ class JobTable:
                 return f"{', '.join(sorted(taken))} already belong to job {other.job}"
         return None
 
+    def _admit(self) -> None:
+        if len(self.jobs) >= self.max_jobs:
+            raise ResourceExhaustedError(
+                f"the agent knows {len(self.jobs)} jobs, its limit: no new one"
+            )
+
     # --- transitions ------------------------------------------------------------------
 
     def _register(self, e: Register) -> list[Effect]:
@@ -328,6 +339,8 @@ class JobTable:
             )
         if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
             raise AlreadyExistsError(taken)
+        if existing is None:
+            self._admit()
         self.jobs[(e.group, e.job)] = Job(
             e.group,
             e.job,
@@ -359,6 +372,7 @@ class JobTable:
                 raise NotFoundError(f"unknown job {e.job!r} in group {e.group!r}")
             if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
                 raise AlreadyExistsError(taken)
+            self._admit()
             job = Job(e.group, e.job, e.backend, dict(e.config or {}), list(dict.fromkeys(e.claims)),
                       JobState.RUNNING, e.now)  # fmt: skip
         elif e.backend is not None and e.backend != job.backend:

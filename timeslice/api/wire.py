@@ -50,7 +50,7 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
     return message
 
 
-def _check_bounds(message: betterproto2.Message, path: str) -> None:
+def _check_bounds(message: Any, path: str) -> None:
     meta = message._betterproto
     for name, field in meta.meta_by_field_name.items():
         value = getattr(message, name, None)

@@ -115,7 +115,7 @@ async def own_tasks(items: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
     """The items of a grpclib stream, each read in a task of its own (see
     `in_own_task`); closes the stream at the end."""
 
-    async def read() -> AsyncIterator[T]:
+    async def read() -> AsyncGenerator[T, None]:
         while True:
             try:
                 item = await in_own_task(anext(items))

@@ -150,3 +150,22 @@ OrchestratorConnectionError = UnavailableError
 OrchestratorTimeoutError = DeadlineExceededError
 OrchestratorInvalidArgumentError = InvalidArgumentError
 OrchestratorInternalError = InternalError
+
+
+class JournalError(TimeSliceError):
+    """A journal (the orchestrator's, or the job table an agent saves) cannot be opened
+    or written: not an SQLite file, another application's database, a newer schema,
+    a full disk. The message is one line that says what to fix."""
+
+    status = Status.FAILED_PRECONDITION
+
+
+class JournalInUseError(JournalError):
+    """Another orchestrator writes this journal; the message names it."""
+
+
+class JournalClaimLostError(JournalError):
+    """The journal's writer lost its claim (the connection that held it went away):
+    another orchestrator may write the journal now, so this one must stop."""
+
+    status = Status.UNAVAILABLE

@@ -12,19 +12,37 @@ Such a commit is an append to the WAL file (tens of microseconds), so `save`
 writes on the event loop's own thread: handing it to a worker thread and back
 cost more than the write, three times in every switch. Opening, loading and
 closing, which may wait for the disk, run in the worker thread.
+
+The file is the orchestrator journal's kind: created readable by its owner only,
+with a schema version; a file that is not SQLite, another application's
+database and a newer schema are refused, never changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
 
-from timeslice.orchestrator.journal import configure_sqlite, normalize_url
+from timeslice.errors import InvalidArgumentError
+from timeslice.orchestrator.journal import (
+    configure_sqlite,
+    database_error,
+    meta_table,
+    normalize_url,
+    open_schema,
+    prepare_sqlite_file,
+    rollback,
+    sqlite_path,
+)
+
+#: The schema this code writes. 1: agent_state; 2: and agent_meta.
+SCHEMA_VERSION = 2
 
 _metadata = sa.MetaData()
 _documents = sa.Table(
@@ -34,7 +52,9 @@ _documents = sa.Table(
     sa.Column("saved_at", sa.Float, nullable=False),
     sa.Column("doc", sa.Text, nullable=False),
 )
+_meta = meta_table(_metadata, "agent_meta")
 _KEY = "job_table"
+_WHAT = "job table"
 
 
 class StateStore:
@@ -42,6 +62,7 @@ class StateStore:
 
     def __init__(self, url: str | None) -> None:
         self.url = url
+        self.label = url or "memory"  # the file, once open
         self._memory: str | None = None
         self._engine: sa.Engine | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -51,12 +72,27 @@ class StateStore:
             return
         url = sa.engine.make_url(normalize_url(self.url))
         if url.get_backend_name() != "sqlite":
-            raise ValueError("the agent keeps its state in SQLite (a file on its node)")
+            raise InvalidArgumentError("the agent keeps its state in SQLite (a file on its node)")
+        path = sqlite_path(url)
+        self.label = path or self.url
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="timeslice-agent-store")
-        self._engine = sa.create_engine(url, connect_args={"timeout": 30})
-        configure_sqlite(self._engine, synchronous="NORMAL")
-        engine = self._engine
-        await self._in_thread(lambda: _metadata.create_all(engine))
+        self._engine = engine = sa.create_engine(url, connect_args={"timeout": 30})
+        configure_sqlite(engine, synchronous="NORMAL")
+        label = self.label
+
+        def prepare() -> None:
+            if path is not None:
+                prepare_sqlite_file(path, _WHAT)
+            with engine.begin() as conn:
+                open_schema(conn, _metadata, _meta, SCHEMA_VERSION, what=_WHAT, label=label)
+
+        try:
+            await self._in_thread(prepare)
+        except BaseException as exc:
+            await self.close()
+            if isinstance(exc, sa.exc.DBAPIError | sqlite3.Error):
+                raise database_error(_WHAT, label, exc) from exc
+            raise
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
@@ -106,7 +142,10 @@ class StateStore:
                     )
                     raw.execute("COMMIT")
                 except BaseException:
-                    raw.execute("ROLLBACK")
+                    rollback(raw)
                     raise
 
-        write()
+        try:
+            write()
+        except (sa.exc.DBAPIError, sqlite3.Error) as exc:
+            raise database_error(_WHAT, self.label, exc) from exc

@@ -17,6 +17,7 @@ import asyncio
 import gc
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
     InvalidArgumentError,
+    JournalClaimLostError,
     NotFoundError,
     TimeSliceError,
     UnavailableError,
@@ -39,7 +41,7 @@ from timeslice.orchestrator.events import Effect, Event
 from timeslice.client._transport import parse_target
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.handoff import HandoffDriver
-from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.journal import DEFAULT_RETENTION, Journal, open_journal
 from timeslice.orchestrator.model import TableLimits
 from timeslice.orchestrator.state import Group, LockTable, check_id, check_node
 
@@ -83,6 +85,10 @@ class OrchestratorConfig:
     recovery_grace: float = 30.0
     # A snapshot of the table every this many journaled events.
     snapshot_every: int = 1000
+    # How long journaled events stay once a snapshot covers them (the replay and the
+    # metrics read them), in seconds; then a later snapshot's write deletes them.
+    # 0: at once. The journal's size is its traffic over this span.
+    journal_retention: float = DEFAULT_RETENTION
     max_message_bytes: int = 4 * MiB
     # How long close() waits for calls in flight.
     drain_timeout: float = 5.0
@@ -109,6 +115,8 @@ class OrchestratorConfig:
             raise InvalidArgumentError("hold_grace must not be negative")
         if self.recovery_grace <= 0 or self.snapshot_every < 1 or self.drain_timeout < 0:
             raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
+        if not 0 <= self.journal_retention < math.inf:
+            raise InvalidArgumentError("journal_retention must be a number of seconds, 0 or more")
         if self.max_message_bytes < 1024:
             raise InvalidArgumentError("max_message_bytes must be at least 1 KiB")
         for name in [self.policy, *self.policies.values()]:
@@ -186,11 +194,17 @@ class Orchestrator:
         if self._state != "new":
             return
         try:
-            self._journal = open_journal(self.config.db)
+            self._journal = open_journal(
+                self.config.db,
+                retention=self.config.journal_retention,
+                on_claim_lost=self._claim_lost,
+            )
             await self._journal.open()
             await self._restore(self._journal)
             await self._begin_epoch()
             await self._listen()
+            if self.failure is not None:  # the journal's claim was lost meanwhile
+                raise self.failure
         except BaseException:
             await self._shutdown()
             raise
@@ -326,7 +340,10 @@ class Orchestrator:
                 try:
                     seq = await self._journal.append([event for event, _, _ in batch])
                 except Exception as exc:
-                    await self._journal_failed(batch, exc)
+                    self._journal_failed(batch, exc)
+                    return
+                if self.failure is not None:  # the journal's claim was lost meanwhile
+                    self._journal_failed(batch, self.failure)
                     return
                 for _, effects, done in batch:
                     self._act(effects)
@@ -343,22 +360,34 @@ class Orchestrator:
         finally:
             self._flusher = None
 
-    async def _journal_failed(self, batch: list[Any], exc: Exception) -> None:
+    def _journal_failed(
+        self, batch: list[Any], exc: BaseException, what: str = "journal write failed"
+    ) -> None:
         """A decision could not be made durable, and the table is already ahead of
         the journal: stop (fail-stop), failing everything in the air. Clients
         retry with their request ids against the next start, which rebuilds the
         table from what the journal holds."""
-        log.error("journal write failed, the orchestrator stops: %s", exc)
-        self.failure = exc
+        if self.failure is None:
+            log.error("%s, the orchestrator stops: %s", what, exc)
+            self.failure = exc
         pending, self._pending = [*batch, *self._pending], []
-        error = UnavailableError(f"journal write failed: {exc}")
+        error = UnavailableError(f"{what}: {exc}")
         for _, _, done in pending:
             if not done.done():
                 done.set_exception(error)
         for call in self._calls.values():
             if not call.future.done():
                 call.future.set_exception(error)
-        self._closer = asyncio.get_running_loop().create_task(self.close())
+        if self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(self.close())
+
+    def _claim_lost(self, error: JournalClaimLostError) -> None:
+        """Another orchestrator may write the journal now: stop granting at once, as
+        after a failed write. During a start, the start fails instead."""
+        if self._state == "new":
+            self.failure = error
+        else:
+            self._journal_failed([], error, "the journal's claim was lost")
 
     def _act(self, effects: list[Effect]) -> None:
         """Carry out effects whose event is durable."""

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tests.replay.conftest import ARRAY_BYTES, TURNS, connect, journal_rows
 from timeslice.cli import app
+from timeslice.orchestrator.server import Orchestrator
 from timeslice.orchestrator.events import event_from_dict
 from timeslice.orchestrator.state import LockTable
 from timeslice.replay import ReplayError, read_journal, timelines_from_document
@@ -144,6 +145,16 @@ async def test_a_compacted_journal_is_read_from_its_snapshot(
     left = len(journal_rows(copy, "SwitchDone"))
     assert 0 < left < 2 * TURNS
     assert len(tl.switches) == left
+
+
+async def test_a_journal_is_read_while_its_orchestrator_serves_it(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    async with Orchestrator(db=f"sqlite:///{journal}") as orch:
+        await orch.acquire("g", "a")
+        record = await read_journal(str(journal))  # the writer's claim is not in the way
+        assert [row[2].__class__.__name__ for row in record.rows][-1] == "Acquire"
+        await orch.yield_("g", "a")
+    assert len((await read_journal(str(journal))).rows) > len(record.rows)
 
 
 # --- the command line -----------------------------------------------------------------

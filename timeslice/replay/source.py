@@ -84,14 +84,23 @@ async def read_journal(url: str) -> JournalRecord:
     label, source = describe(url)
     if make_url(normalize_url(url)).get_backend_name() == "sqlite":
         check_sqlite(source)
-    journal = open_journal(url)
+    # A replay only reads: it claims nothing, so it runs beside the orchestrator
+    # that serves the journal.
+    journal = open_journal(url, read_only=True)
     try:
         await journal.open()
         rows = await journal.read()
         snapshot_seq, snapshot = 0, None
-        if rows and rows[0][0] > 1:  # compacted: the replay starts from a snapshot
-            loaded = await journal.load()
-            snapshot_seq, snapshot = loaded.snapshot_seq, loaded.snapshot
+        if rows and rows[0][0] > 1:
+            # Compacted: the replay starts from the snapshot the first event kept
+            # follows (compaction keeps it), and shows every event kept after it.
+            found = await journal.snapshot_before(rows[0][0] - 1)
+            if found is None:
+                loaded = await journal.load()
+                snapshot_seq, snapshot = loaded.snapshot_seq, loaded.snapshot
+                rows = [row for row in rows if row[0] > snapshot_seq]
+            else:
+                snapshot_seq, snapshot = found
     except ReplayError:
         raise
     except Exception as exc:

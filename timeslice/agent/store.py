@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from timeslice.errors import InvalidArgumentError
-from timeslice.orchestrator.journal import (
+from timeslice.storage import (
     configure_sqlite,
     database_error,
     meta_table,

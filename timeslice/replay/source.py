@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from timeslice.errors import TimeSliceError
-from timeslice.orchestrator.journal import normalize_url, open_journal
+from timeslice.orchestrator.journal import open_journal
+from timeslice.storage import normalize_url
 from timeslice.replay.timeline import JournalRow, Timeline, timeline_from_journal
 
 

@@ -13,13 +13,17 @@ from typing import TYPE_CHECKING, Annotated
 import anyio
 import typer
 
+from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
 from timeslice.errors import TimeSliceError
 
 if TYPE_CHECKING:
     from timeslice.client import AsyncTimeSliceOrchestratorClient
 
 app = typer.Typer(
-    help="Share accelerators between RL jobs, one holder at a time.", no_args_is_help=True
+    help="Share accelerators between RL jobs, one holder at a time.",
+    no_args_is_help=True,
+    # a traceback's locals would show a journal URL's password
+    pretty_exceptions_show_locals=False,
 )
 serve_app = typer.Typer(
     help="Run a timeslice server until Ctrl-C or SIGTERM.", no_args_is_help=True
@@ -28,6 +32,39 @@ app.add_typer(serve_app, name="serve")
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
+LogLevel = Annotated[
+    str, typer.Option(help="DEBUG, INFO, WARNING, ERROR or CRITICAL (in any case).")
+]
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@app.callback()
+def app_options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="TIMESLICE_DEBUG",
+            help="On an error, print the traceback above its one-line message.",
+        ),
+    ] = False,
+) -> None:
+    """Share accelerators between RL jobs, one holder at a time."""
+    debugging.set(debug)
+
+
+def _setup_logging(level: str) -> None:
+    if level.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(
+            f"--log-level: unknown level {level!r}; use one of {', '.join(LOG_LEVELS)}"
+        )
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _parse_pairs(values: list[str], form: str, allow_empty: bool = False) -> dict[str, str]:
@@ -73,7 +110,10 @@ def serve_orchestrator(
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 50051,
     db: Annotated[
         str,
-        typer.Option(help="Journal: sqlite:///PATH, a file path, postgresql://..., or 'memory'."),
+        typer.Option(
+            help="Journal: a file path, sqlite:///REL/PATH (relative), sqlite:////ABS/PATH,"
+            " postgresql://..., or 'memory'."
+        ),
     ] = "sqlite:///timeslice-journal.db",
     hold_limit: Annotated[
         float | None, typer.Option(help="Longest any job may hold a group, in seconds.")
@@ -108,7 +148,7 @@ def serve_orchestrator(
     switch_timeout: Annotated[
         float, typer.Option(help="Longest a switch of contexts on a group's nodes may take, s.")
     ] = 120.0,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
     from timeslice.config_file import read_orchestrator_config
@@ -118,9 +158,6 @@ def serve_orchestrator(
         tune_gc_for_serving,
     )
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     # option name -> (OrchestratorConfig field, value)
     options = {
         "host": ("host", host),
@@ -136,35 +173,39 @@ def serve_orchestrator(
         "priority_aging": ("priority_aging", priority_aging),
         "switch_timeout": ("switch_timeout", switch_timeout),
     }
-    try:
-        values = read_orchestrator_config(config_file) if config_file else {}
-        for name, (field_name, value) in options.items():
-            given = getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
-            if given or field_name not in values:
-                values[field_name] = value
-        if values.get("db") == "memory":
-            values["db"] = None
-        config = OrchestratorConfig(**values)
-    except TimeSliceError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    db = config.db or "memory"
+    with user_errors(Scope(urls=[db])):
+        _setup_logging(log_level)
+        try:
+            values = read_orchestrator_config(config_file) if config_file else {}
+            for name, (field_name, value) in options.items():
+                given = getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+                if given or field_name not in values:
+                    values[field_name] = value
+            if values.get("db") == "memory":
+                values["db"] = None
+            config = OrchestratorConfig(**values)
+        except TimeSliceError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    journal = shown(config.db) if config.db else "memory"
 
     tune_gc_for_serving()
 
     async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:
             typer.echo(
-                f"timeslice orchestrator serving on {orch.address} (journal: {db})", err=True
+                f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
+                err=True,
             )
             await _until_signal_or(orch.wait_stopped())
             if orch.failure is None:
                 typer.echo("shutting down", err=True)
             return orch.failure
 
-    failure = anyio.run(serve)
-    if failure is not None:
-        typer.echo(f"error: the orchestrator stopped: {failure}", err=True)
-        raise typer.Exit(1)
+    listen = _address(config.host, config.port)
+    with user_errors(Scope(listen=listen, urls=[config.db] if config.db else [])):
+        failure = anyio.run(serve)
+        if failure is not None:
+            raise CommandError(f"the orchestrator stopped: {failure}") from failure
 
 
 @serve_app.command("agent")
@@ -177,7 +218,11 @@ def serve_agent(
         str | None, typer.Option(help="This node's name (default: the host name).")
     ] = None,
     db: Annotated[
-        str, typer.Option(help="Job table: sqlite:///PATH, a file path, or 'memory'.")
+        str,
+        typer.Option(
+            help="Job table: a file path, sqlite:///REL/PATH (relative), sqlite:////ABS/PATH,"
+            " or 'memory'."
+        ),
     ] = "sqlite:///timeslice-agent.db",
     backend: Annotated[
         list[str] | None, typer.Option(help="Serve only these backends; repeatable (default: all).")
@@ -197,45 +242,41 @@ def serve_agent(
         list[str] | None,
         typer.Option(help="A group this node joins when it registers; repeatable."),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts)."""
     from timeslice.agent.server import Agent, AgentConfig
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        config = AgentConfig(
-            host=host,
-            port=port,
-            db=None if db == "memory" else db,
-            backends=tuple(backend) if backend else None,
-            operation_timeout=operation_timeout,
-            node_name=node_name or socket.gethostname(),
-            orchestrator=orchestrator,
-            advertise=advertise,
-            groups=tuple(group or ()),
-        )
-    except TimeSliceError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    with user_errors(Scope(urls=[db])):
+        _setup_logging(log_level)
+        try:
+            config = AgentConfig(
+                host=host,
+                port=port,
+                db=None if db == "memory" else db,
+                backends=tuple(backend) if backend else None,
+                operation_timeout=operation_timeout,
+                node_name=node_name or socket.gethostname(),
+                orchestrator=orchestrator,
+                advertise=advertise,
+                groups=tuple(group or ()),
+            )
+        except TimeSliceError as exc:
+            raise typer.BadParameter(str(exc)) from None
 
     async def serve() -> None:
         async with Agent(config) as agent:
             backends = ", ".join(sorted(agent.backends)) or "none"
             typer.echo(
                 f"timeslice agent {config.node_name} serving on {agent.address} "
-                f"(backends: {backends}; job table: {db})",
+                f"(backends: {backends}; job table: {shown(db)})",
                 err=True,
             )
             await _until_signal_or(asyncio.Event().wait())
             typer.echo("shutting down", err=True)
 
-    try:
+    with user_errors(Scope(listen=_address(host, port), urls=[db])):
         anyio.run(serve)
-    except TimeSliceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
 
 
 async def _until_signal_or(stopped: Awaitable[object]) -> None:
@@ -260,16 +301,18 @@ def _with_client(
     """Run `action` with a client of the orchestrator at `target`; report errors plainly.
     Operator commands hold no lease: a lock they take stays until `timeslice yield`."""
     from timeslice.client import AsyncTimeSliceOrchestratorClient
+    from timeslice.client._transport import parse_target
 
     async def run() -> None:
         async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
             await action(client)
 
-    try:
+    with user_errors(Scope(target=target)):
+        try:
+            parse_target(target)
+        except TimeSliceError as exc:
+            raise typer.BadParameter(f"--target: {exc}") from None
         anyio.run(run)
-    except TimeSliceError as exc:
-        typer.echo(f"error: {exc} ({exc.status.name})", err=True)
-        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -410,7 +453,9 @@ def bench(
 
     argv = [*(["--quick"] if quick else []), *(f"--only={name}" for name in only or [])]
     argv += [f"--out={out}"] if out else []
-    raise typer.Exit(run_suite(argv))
+    with user_errors():
+        code = run_suite(argv)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -436,18 +481,18 @@ def demo(
 
     from timeslice.demo import DemoConfig, run_demo
 
-    try:
-        config = DemoConfig(jobs, steps, step_seconds, mib, profile)
-    except TimeSliceError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    where = Path(directory) if directory else None
-    if where is not None:
-        where.mkdir(parents=True, exist_ok=True)
-
     async def run() -> None:
         await run_demo(config, where)
 
-    anyio.run(run)
+    with user_errors():
+        try:
+            config = DemoConfig(jobs, steps, step_seconds, mib, profile)
+        except TimeSliceError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        where = Path(directory) if directory else None
+        if where is not None:
+            where.mkdir(parents=True, exist_ok=True)
+        anyio.run(run)
 
 
 @app.command()
@@ -455,8 +500,9 @@ def replay(
     journals: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Journals to replay, one run each: sqlite:///PATH, a file path or"
-            " postgresql://... (default: sqlite:///timeslice-journal.db, unless --runs is given).",
+            help="Journals to replay, one run each: a file path, sqlite:///REL/PATH (relative),"
+            " sqlite:////ABS/PATH or postgresql://... (default: timeslice-journal.db in the"
+            " working directory, unless --runs is given).",
             metavar="JOURNAL",
             show_default=False,
         ),
@@ -485,37 +531,35 @@ def replay(
     from timeslice.replay import ReplayError, ScheduleError, load_runs, read_journal, render_page
     from timeslice.replay.verl import export_document
 
-    if output is None and export is None:
-        raise typer.BadParameter("give --output FILE.html, --export FILE.json, or both")
     urls = list(journals or ([] if runs else ["sqlite:///timeslice-journal.db"]))
-    try:
-        timelines = [anyio.run(read_journal, url).timeline() for url in urls]
-        if runs:
-            timelines += load_runs(Path(runs))
-    except (ReplayError, ScheduleError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except OSError as exc:
-        typer.echo(f"error: cannot read {runs}: {exc.strerror or exc}", err=True)
-        raise typer.Exit(1) from None
-    for tl in timelines:
-        for note in tl.notes:
-            typer.echo(f"note: {tl.label}: {note}", err=True)
-    written = []
-    try:
-        if output is not None:
-            Path(output).write_text(render_page(timelines, title), encoding="utf-8")
-            written.append(output)
-        if export is not None:
-            text = json.dumps(export_document(timelines), indent=1, allow_nan=False)
-            Path(export).write_text(text + "\n", encoding="utf-8")
-            written.append(export)
-    except OSError as exc:
-        typer.echo(f"error: cannot write {exc.filename}: {exc.strerror or exc}", err=True)
-        raise typer.Exit(1) from None
+    with user_errors(Scope(urls=urls)):
+        if output is None and export is None:
+            raise typer.BadParameter("give --output FILE.html, --export FILE.json, or both")
+        try:
+            timelines = [anyio.run(read_journal, url).timeline() for url in urls]
+            if runs:
+                timelines += load_runs(Path(runs))
+        except (ReplayError, ScheduleError) as exc:
+            raise CommandError(str(exc)) from exc
+        except OSError as exc:
+            raise CommandError(f"cannot read {runs}: {exc.strerror or exc}") from exc
+        for tl in timelines:
+            for note in tl.notes:
+                typer.echo(f"note: {tl.label}: {note}", err=True)
+        written = []
+        try:
+            if output is not None:
+                Path(output).write_text(render_page(timelines, title), encoding="utf-8")
+                written.append(output)
+            if export is not None:
+                text = json.dumps(export_document(timelines), indent=1, allow_nan=False)
+                Path(export).write_text(text + "\n", encoding="utf-8")
+                written.append(export)
+        except OSError as exc:
+            raise CommandError(f"cannot write {exc.filename}: {exc.strerror or exc}") from exc
     switches = sum(len(tl.switches) for tl in timelines)
     typer.echo(f"wrote {' and '.join(written)}: {len(timelines)} run(s), {switches} switch(es)")
 
 
 def main() -> None:
-    app()
+    app(prog_name="timeslice")

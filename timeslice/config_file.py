@@ -2,7 +2,7 @@
 
 The keys are the fields of `OrchestratorConfig`; the per-group ones are tables:
 
-    db = "sqlite:///var/lib/timeslice/journal.db"
+    db = "sqlite:////var/lib/timeslice/journal.db"
     policy = "fifo"
     hold_limit = 900
     switch_timeout = 120
@@ -17,22 +17,34 @@ The keys are the fields of `OrchestratorConfig`; the per-group ones are tables:
     [policies]             # per group
     trainer = "lrs"
 
-Unknown keys and values of the wrong type are refused with the key named; the
-values themselves are checked by `OrchestratorConfig` as for every other way
-of making one.
+(Four slashes make the path absolute: `sqlite:///journal.db` is relative to the
+working directory; a bare path works too.) Unknown keys and values of the wrong type are refused with
+the file and the key named; the values themselves are checked by
+`OrchestratorConfig` as for every other way of making one.
 """
 
 from __future__ import annotations
 
 import tomllib
+import types
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator.server import OrchestratorConfig
 
 _TABLES = {"group_nodes", "hold_limits", "policies"}
+
+# A setting's type: what a message calls it, and which TOML values are of it
+# (TOML's integers are numbers too; its booleans, ints to Python, are neither).
+_KINDS: dict[type, tuple[str, Callable[[Any], bool]]] = {
+    str: ("a string", lambda v: isinstance(v, str)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+}
 
 
 def read_orchestrator_config(path: str | Path) -> dict[str, Any]:
@@ -43,6 +55,7 @@ def read_orchestrator_config(path: str | Path) -> dict[str, Any]:
         raise InvalidArgumentError(f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgumentError(f"{path} is not valid TOML: {exc}") from None
+    hints = get_type_hints(OrchestratorConfig)
     known = {f.name for f in fields(OrchestratorConfig)}
     if unknown := sorted(set(data) - known):
         raise InvalidArgumentError(
@@ -59,8 +72,30 @@ def read_orchestrator_config(path: str | Path) -> dict[str, Any]:
         elif isinstance(value, dict | list):
             raise InvalidArgumentError(f"{path}: {key} takes a single value")
         else:
+            _check_kind(path, key, value, hints[key])
             values[key] = value
     return values
+
+
+def _check_kind(path: str | Path, key: str, value: Any, hint: Any) -> None:
+    """Refuse `value` unless it is of the setting's type (`float | None`: a number,
+    since TOML has no null)."""
+    kinds = [k for k in get_args(hint) if k is not type(None)] if _is_union(hint) else [hint]
+    known = [_KINDS[k] for k in kinds if k in _KINDS]
+    if not known:
+        return  # a type TOML cannot spell: OrchestratorConfig judges it
+    if any(accepts(value) for _, accepts in known):
+        return
+    wanted = " or ".join(name for name, _ in known)
+    if isinstance(value, str):
+        given = f"the string {value!r}"
+    else:
+        given = str(value).lower() if isinstance(value, bool) else repr(value)  # as TOML spells it
+    raise InvalidArgumentError(f"{path}: {key} must be {wanted}, not {given}")
+
+
+def _is_union(hint: Any) -> bool:
+    return get_origin(hint) in (Union, types.UnionType)
 
 
 def _group_value(path: str | Path, key: str, group: str, value: Any) -> Any:
@@ -68,7 +103,7 @@ def _group_value(path: str | Path, key: str, group: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
             raise InvalidArgumentError(f"{path}: group_nodes.{group} must be a list of nodes")
         return tuple(value)
-    if key == "hold_limits" and not isinstance(value, int | float):
+    if key == "hold_limits" and not _KINDS[float][1](value):
         raise InvalidArgumentError(f"{path}: hold_limits.{group} must be a number of seconds")
     if key == "policies" and not isinstance(value, str):
         raise InvalidArgumentError(f"{path}: policies.{group} must be a policy's name")

@@ -66,3 +66,30 @@ def test_bad_files_are_refused_naming_the_key(tmp_path: Path, text: str, message
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="cannot read"):
         read_orchestrator_config(tmp_path / "nowhere.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('hold_limit = "ten"', "hold_limit must be a number, not the string 'ten'"),
+        ('port = "x"', "port must be an integer, not the string 'x'"),
+        ("port = 1.5", "port must be an integer, not 1.5"),
+        ("port = true", "port must be an integer, not true"),
+        ("db = 3", "db must be a string, not 3"),
+        ("policy = 1979-05-27", "policy must be a string, not datetime.date"),
+        ("[hold_limits]\ng = true", "hold_limits.g must be a number of seconds"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_file_the_key_and_the_type(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(InvalidArgumentError) as caught:
+        read_orchestrator_config(path)
+    assert caught.value.message.startswith(f"{path}: ")
+    assert message in caught.value.message
+
+
+def test_integers_are_numbers_too(tmp_path: Path) -> None:
+    values = read_orchestrator_config(write(tmp_path, "hold_limit = 10\nswitch_timeout = 2.5"))
+    assert OrchestratorConfig(**values).hold_limit == 10

@@ -175,7 +175,11 @@ class Agent:
                 self._link = OrchestratorLink(self, self.config.orchestrator)
                 self._link.start()
         except BaseException:
-            await self._shutdown()
+            # The cleanup must not replace the error that made the start fail.
+            try:
+                await self._shutdown()
+            except Exception:
+                log.exception("cleaning up after a failed start failed")
             raise
 
     async def close(self) -> None:

@@ -190,6 +190,10 @@ class GrpcServer(grpclib.server.Server):
 
     async def stop(self) -> None:
         """Stop listening, cancel what still runs, and close every connection."""
+        if self._server is None:
+            # It never listened (its start failed): grpclib's close() would raise
+            # "Server is not started" and hide why.
+            return
         self.close()
         await self.wait_closed()
         for protocol in list(self._protocols):

@@ -206,7 +206,11 @@ class Orchestrator:
             if self.failure is not None:  # the journal's claim was lost meanwhile
                 raise self.failure
         except BaseException:
-            await self._shutdown()
+            # The cleanup must not replace the error that made the start fail.
+            try:
+                await self._shutdown()
+            except Exception:
+                log.exception("cleaning up after a failed start failed")
             raise
         self._state = "serving"
         self.gate.open = True

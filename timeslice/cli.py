@@ -148,6 +148,32 @@ def serve_orchestrator(
     switch_timeout: Annotated[
         float, typer.Option(help="Longest a switch of contexts on a group's nodes may take, s.")
     ] = 120.0,
+    revoked_snapshot_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Longest the snapshot of a holder revoked without yielding may take, s"
+            " (default 30)."
+        ),
+    ] = None,
+    journal_retention: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds journaled events stay once a snapshot covers them; 0: none"
+            " (default 86400)."
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int | None, typer.Option(help="Connections at once (default 1024).")
+    ] = None,
+    max_watchers: Annotated[
+        int | None, typer.Option(help="Watch streams at once (default 1024).")
+    ] = None,
+    max_groups: Annotated[
+        int | None, typer.Option(help="Groups known at most (default 10000).")
+    ] = None,
+    max_waiters_per_group: Annotated[
+        int | None, typer.Option(help="Jobs waiting for one group at most (default 10000).")
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
@@ -172,13 +198,26 @@ def serve_orchestrator(
         "group_policy": ("policies", _parse_pairs(group_policy or [], "GROUP=POLICY")),
         "priority_aging": ("priority_aging", priority_aging),
         "switch_timeout": ("switch_timeout", switch_timeout),
+        "revoked_snapshot_timeout": ("revoked_snapshot_timeout", revoked_snapshot_timeout),
+        "journal_retention": ("journal_retention", journal_retention),
+        "max_connections": ("max_connections", max_connections),
+        "max_watchers": ("max_watchers", max_watchers),
+        "max_groups": ("max_groups", max_groups),
+        "max_waiters_per_group": ("max_waiters_per_group", max_waiters_per_group),
     }
+    # Options whose default is the configuration's own: unset, they leave it be.
+    config_defaults = {
+        "revoked_snapshot_timeout", "journal_retention", "max_connections", "max_watchers",
+        "max_groups", "max_waiters_per_group",
+    }  # fmt: skip
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)
         try:
             values = read_orchestrator_config(config_file) if config_file else {}
             for name, (field_name, value) in options.items():
                 given = getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+                if not given and name in config_defaults:
+                    continue
                 if given or field_name not in values:
                     values[field_name] = value
             if values.get("db") == "memory":

@@ -207,9 +207,13 @@ def serve_orchestrator(
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
-        "revoked_snapshot_timeout", "journal_retention", "max_connections", "max_watchers",
-        "max_groups", "max_waiters_per_group",
-    }  # fmt: skip
+        "revoked_snapshot_timeout",
+        "journal_retention",
+        "max_connections",
+        "max_watchers",
+        "max_groups",
+        "max_waiters_per_group",
+    }
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)
         try:

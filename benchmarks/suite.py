@@ -70,6 +70,8 @@ BENCHMARKS = (
     Benchmark("agent", "snapshot/restore bandwidth against a plain copy", 180, 60),
     Benchmark("demo", "the demo's simulated RL jobs, time-sliced against back to back",
               240, 60),
+    Benchmark("watchers", "acquire/yield latency with 4,000 Watch streams open against none",
+              240, 150),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

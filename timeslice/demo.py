@@ -34,7 +34,8 @@ from timeslice.client.workload import register_workload
 from timeslice.demo_profiles import PROFILES, Profile
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
-from timeslice.orchestrator.server import Orchestrator, Watch
+from timeslice.orchestrator.server import Orchestrator
+from timeslice.orchestrator.watches import Notice, Watch
 from timeslice.replay import read_journal, render_page
 from timeslice.workloads import HostMemoryWorkload
 
@@ -152,7 +153,7 @@ class Switches:
         self.bytes = 0
         self.holder = ""
 
-    async def follow(self, watch: Watch) -> None:
+    async def follow(self, watch: Watch[Notice]) -> None:
         async for notice in watch:
             match notice.effect:
                 case ev.SwitchStarted(token=token):

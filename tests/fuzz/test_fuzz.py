@@ -66,11 +66,6 @@ _UNKNOWN_MODE_REQUESTS = [
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: backend_of (timeslice/api/backend_config.py) raises KeyError on a SuspendMode"
-    " it does not know, answered INTERNAL instead of INVALID_ARGUMENT",
-)
 @pytest.mark.parametrize(("route", "body"), _UNKNOWN_MODE_REQUESTS)
 async def test_an_unknown_suspend_mode_is_an_invalid_argument(route: str, body: str) -> None:
     async with serving() as (orch, agent):

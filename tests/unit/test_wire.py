@@ -248,6 +248,11 @@ def test_a_malformed_field_after_good_ones_is_refused() -> None:
             ),
         ),
         agent.WorkloadMessage(result=agent.CommandResult(command_id="c", error="e" * 2000)),
+        agent.BackendConfig(named=agent.NamedBackendConfig("n", options={"k" * 300: "v"})),
+        agent.BackendConfig(named=agent.NamedBackendConfig("n", options={"k": "v" * 2000})),
+        agent.BackendConfig(
+            named=agent.NamedBackendConfig("n", options={str(i): "v" for i in range(300)})
+        ),
     ],
     ids=lambda m: type(m).__name__,
 )

@@ -26,6 +26,7 @@ from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
+from timeslice.api.connections import ConnectionLimits
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
 from timeslice.client._transport import parse_target
@@ -81,10 +82,30 @@ class AgentConfig:
     advertise: str | None = None
     # Groups this node joins when it registers (beyond the orchestrator's own config).
     groups: tuple[str, ...] = ()
+    # What peers may hold (README, "Limits"), as for the orchestrator: connections at
+    # once; streams on each; seconds from a connection's opening to its first
+    # request headers; seconds with no stream open; seconds a unary call waits for
+    # its request message.
+    max_connections: int = 1024
+    max_streams_per_connection: int = 128
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    message_timeout: float = 10.0
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The limits of the agent's gRPC server."""
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_streams=self.max_streams_per_connection,
+            header_timeout=self.header_timeout,
+            idle_timeout=self.idle_timeout,
+            message_timeout=self.message_timeout,
+        )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        self.connection_limits()  # checks them
         if not self.node_name:
             raise InvalidArgumentError("node_name must not be empty")
         check_id("node_name", self.node_name)
@@ -129,7 +150,9 @@ class Agent:
         self._done: dict[str, asyncio.Event] = {}  # set once an operation's end is saved
         self._ended: dict[str, asyncio.Event] = {}  # set as soon as it is in the table
         self._timer: asyncio.TimerHandle | None = None
-        self.gate = CallGate("the agent", self.config.max_message_bytes)
+        self.gate = CallGate(
+            "the agent", self.config.max_message_bytes, self.config.message_timeout
+        )
         #: Set when the agent starts closing (health watchers are told).
         self.stopping = asyncio.Event()
         #: Set after every saved change of the job table (what reports wait on).
@@ -252,7 +275,11 @@ class Agent:
     async def _listen(self) -> None:
         from timeslice.agent.service import AgentService, HealthService
 
-        self._server = GrpcServer([AgentService(self), HealthService(self)])
+        self._server = GrpcServer(
+            [AgentService(self), HealthService(self)],
+            self.config.connection_limits(),
+            "the agent",
+        )
         self._address = await self._server.serve(self.config.host, self.config.port)
 
     # --- the engine: handle, save, act ------------------------------------------------

@@ -33,9 +33,9 @@ def backend_of(
             if value.app not in APP_NAME:
                 raise InvalidArgumentError("app_endpoint needs an app: APP_VLLM or APP_SGLANG")
             job = {"app": APP_NAME[value.app], "endpoints": list(value.endpoints)}
-            return "app_endpoint", job, {"mode": MODE_NAME[value.mode], "tags": list(value.tags)}
+            return "app_endpoint", job, {"mode": _mode(value.mode), "tags": list(value.tags)}
         case pb.AppChannelConfig():
-            return "app_channel", {}, {"mode": MODE_NAME[value.mode], "tags": list(value.tags)}
+            return "app_channel", {}, {"mode": _mode(value.mode), "tags": list(value.tags)}
         case pb.NamedBackendConfig():
             if not value.name:
                 raise InvalidArgumentError("a named backend needs a name")
@@ -45,3 +45,10 @@ def backend_of(
         case pb.MemoryRegionsBackendConfig():
             raise ConflictError("the memory_regions backend is not available on this agent")
     raise InvalidArgumentError(f"unknown backend config {kind!r}")
+
+
+def _mode(mode: pb.SuspendMode) -> str:
+    try:
+        return MODE_NAME[mode]
+    except KeyError:  # a number this protocol has no name for
+        raise InvalidArgumentError(f"unknown suspend mode {int(mode)}") from None

@@ -6,8 +6,12 @@
   unexpected is logged and answered INTERNAL.
 - Each call passes its server's `CallGate`, so that closing can refuse new calls
   and drain those in flight.
+- A unary call waits at most `CallGate.message_timeout` for its request message.
 - The server closes the connections it accepted when it closes, and listens on
-  a socket with Nagle off.
+  a socket with Nagle off; it holds its connections to `ConnectionLimits`
+  (see `timeslice.api.connections`).
+- A reply that many streams send alike (a Watch event) is encoded once and sent
+  to each as bytes (`Encoded`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import betterproto2
 import grpclib.const
 import grpclib.server
 from grpclib.config import Configuration
@@ -29,6 +34,12 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 
+from timeslice.api.connections import (
+    Census,
+    ConnectionLimits,
+    LimitedProtocol,
+    warn_if_files_run_short,
+)
 from timeslice.api.wire import decode_strict
 from timeslice.errors import TimeSliceError, UnavailableError, to_grpc_error
 
@@ -45,9 +56,12 @@ class CallGate:
     """Admits a server's calls while it serves, counts those in flight, and lets the
     server wait for them when it closes."""
 
-    def __init__(self, what: str, max_message_bytes: int) -> None:
+    def __init__(self, what: str, max_message_bytes: int, message_timeout: float = 10.0) -> None:
         self.what = what
         self.max_message_bytes = max_message_bytes
+        # A unary call's request message must arrive this soon after its headers: a
+        # stream opened and left half-sent would otherwise hold its task forever.
+        self.message_timeout = message_timeout
         self.open = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -108,7 +122,7 @@ def _handler(
             async with gate.call():
                 limit = gate.max_message_bytes
                 if cardinality in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM):
-                    request = await recv_bounded(stream, limit)
+                    request = await _request_in_time(stream, limit, gate.message_timeout)
                     if request is None:
                         raise GRPCError(Status.INVALID_ARGUMENT, "the request carries no message")
                 else:
@@ -117,7 +131,10 @@ def _handler(
                     await stream.send_message(await method(request))
                 else:
                     async for reply in method(request):
-                        await stream.send_message(reply)
+                        if isinstance(reply, Encoded):
+                            await send_encoded(stream, reply)
+                        else:
+                            await stream.send_message(reply)
         except TimeSliceError as exc:
             raise to_grpc_error(exc) from exc
         except (GRPCError, TimeoutError):
@@ -127,6 +144,68 @@ def _handler(
             raise GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}") from exc
 
     return handle
+
+
+async def _request_in_time(
+    stream: grpclib.server.Stream[Any, Any], limit: int, timeout: float
+) -> Any:
+    try:
+        # asyncio.timeout, not wait_for: no task of its own for every call. A
+        # deadline of the client's own or a closed connection cancels the call
+        # as a cancellation, never as this TimeoutError.
+        async with asyncio.timeout(timeout):
+            return await recv_bounded(stream, limit)
+    except TimeoutError:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED, f"the request message did not arrive within {timeout:g} s"
+        ) from None
+
+
+class Encoded:
+    """Reply messages encoded and framed for the wire, sent as they are.
+
+    A message that many streams send alike costs one encoding, not one per
+    stream: the first stream to send it encodes it (`frames`), the others send
+    the same bytes. `join` puts several in one write.
+    """
+
+    __slots__ = ("_message", "_frames")
+
+    def __init__(self, message: betterproto2.Message) -> None:
+        self._message: betterproto2.Message | None = message
+        self._frames: bytes | None = None
+
+    @classmethod
+    def of_frames(cls, frames: bytes) -> Encoded:
+        encoded = cls.__new__(cls)
+        encoded._message, encoded._frames = None, frames
+        return encoded
+
+    @property
+    def frames(self) -> bytes:
+        """The message with its 5-byte gRPC header (not compressed, its length)."""
+        if self._frames is None:
+            assert self._message is not None
+            body = bytes(self._message)
+            self._frames = b"\0" + len(body).to_bytes(4, "big") + body
+            self._message = None
+        return self._frames
+
+    @classmethod
+    def join(cls, items: list[Encoded]) -> Encoded:
+        """One reply carrying `items`, in order."""
+        if len(items) == 1:
+            return items[0]
+        return cls.of_frames(b"".join(item.frames for item in items))
+
+
+async def send_encoded(stream: grpclib.server.Stream[Any, Any], reply: Encoded) -> None:
+    """Send `reply`'s messages on `stream` without encoding them again."""
+    if not stream._send_initial_metadata_done:
+        await stream.send_initial_metadata()
+    # grpclib's send_message would encode; its framing is the same as `frames`.
+    await stream._stream.send_data(reply.frames)
+    stream._send_message_done = True
 
 
 async def _requests(stream: grpclib.server.Stream[Any, Any], limit: int) -> AsyncIterator[Any]:
@@ -168,16 +247,30 @@ async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> A
 class GrpcServer(grpclib.server.Server):
     """grpclib's server, which also closes the connections it accepted when asked:
     its own close() only stops listening and cancels calls, so clients would keep
-    talking to a server that is gone instead of reconnecting to its successor."""
+    talking to a server that is gone instead of reconnecting to its successor.
+    It holds its connections to `limits`; `what` names it in what it answers."""
 
-    def __init__(self, handlers: list[Any]) -> None:
+    def __init__(
+        self,
+        handlers: list[Any],
+        limits: ConnectionLimits | None = None,
+        what: str = "the server",
+    ) -> None:
         super().__init__(
             handlers, config=Configuration(http2_stream_window_size=STREAM_WINDOW_BYTES)
         )
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        self.connections = Census(limits or ConnectionLimits(), what)
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        # grpclib's own factory, with a protocol that counts itself in once
+        # connected and out when the connection is lost.
+        self.__gc_step__()
+        handler = grpclib.server.Handler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
+        self._handlers.add(handler)
+        protocol = LimitedProtocol(handler, self._config, self._h2_config, self.connections)
         self._protocols.add(protocol)
         return protocol
 
@@ -185,6 +278,7 @@ class GrpcServer(grpclib.server.Server):
         """Listen on HOST:PORT (0: any free port); return the address as "HOST:PORT"."""
         sock = listening_socket(host, port)
         await self.start(sock=sock)
+        warn_if_files_run_short(self.connections.limits, self.connections.what)
         bound_host, bound_port = sock.getsockname()[:2]
         return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
 

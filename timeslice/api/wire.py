@@ -57,13 +57,23 @@ def _check_bounds(message: Any, path: str) -> None:
         if value is None:
             continue
         where = f"{path}.{name}"
-        if field.repeated:
+        if field.repeated or field.proto_type == "map":
             limit = MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS)
             if len(value) > limit:
                 raise ValueError(f"{where} has more than {limit} items")
             items = value
         else:
             items = (value,)
+        if field.proto_type == "map":  # names to text (a backend's options)
+            for key, item in value.items():
+                problem = (id_problem(key) if isinstance(key, str) else None) or (
+                    text_problem(item) if isinstance(item, str) else None
+                )
+                if problem is not None:
+                    raise ValueError(f"{where} has an entry that {problem}")
+                if isinstance(item, betterproto2.Message):
+                    _check_bounds(item, where)
+            continue
         if field.proto_type == "string":
             check = text_problem if name in TEXT_FIELDS else id_problem
             for item in items:

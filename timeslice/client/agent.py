@@ -434,7 +434,10 @@ class AsyncSnapshotAgentClient:
             # Connecting apart from the call tells "the agent could not be
             # reached" (nothing sent: safe to try again) from "the connection
             # broke during the call" (the agent may have acted on it).
-            await asyncio.wait_for(channel.__connect__(), self._call_timeout_sec)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation
+            # that arrives as the connection attempt ends.
+            async with asyncio.timeout(self._call_timeout_sec):
+                await channel.__connect__()
 
         await call_with_retry(
             open_connection,

@@ -19,12 +19,13 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
 
+from timeslice.api.connections import ConnectionLimits
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     CancelledError,
@@ -44,6 +45,9 @@ from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import DEFAULT_RETENTION, Journal, open_journal
 from timeslice.orchestrator.model import TableLimits
 from timeslice.orchestrator.state import Group, LockTable, check_id, check_node
+from timeslice.orchestrator.watches import Notice as Notice  # for watchers to import here
+from timeslice.orchestrator.watches import Render, WatchHub
+from timeslice.orchestrator.watches import Watch as Watch  # for watchers to import here
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,29 @@ class OrchestratorConfig:
     max_message_bytes: int = 4 * MiB
     # How long close() waits for calls in flight.
     drain_timeout: float = 5.0
+    # What peers may hold (README, "Limits"): connections at once; streams on each;
+    # seconds from a connection's opening to its first request headers; seconds a
+    # connection may stay with no stream open; seconds a unary call waits for its
+    # request message. Over a limit a caller is answered RESOURCE_EXHAUSTED.
+    max_connections: int = 1024
+    max_streams_per_connection: int = 128
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    message_timeout: float = 10.0
+    # Watch streams at once, and how many events one may fall behind before it is
+    # ended (RESOURCE_EXHAUSTED).
+    max_watchers: int = 1024
+    watch_backlog: int = 10_000
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The limits of the orchestrator's gRPC server."""
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_streams=self.max_streams_per_connection,
+            header_timeout=self.header_timeout,
+            idle_timeout=self.idle_timeout,
+            message_timeout=self.message_timeout,
+        )
 
     # Groups the orchestrator knows at most (each stays known: its fencing token
     # must only grow), and jobs waiting for one group at most.
@@ -108,6 +135,9 @@ class OrchestratorConfig:
         self.table_limits()  # checks them
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        self.connection_limits()  # checks them
+        if self.max_watchers < 1 or self.watch_backlog < 1:
+            raise InvalidArgumentError("max_watchers and watch_backlog must be at least 1")
         limits = [self.hold_limit, *self.hold_limits.values()]
         if any(limit is not None and limit <= 0 for limit in limits):
             raise InvalidArgumentError("hold limits must be positive")
@@ -136,14 +166,6 @@ class OrchestratorConfig:
             raise InvalidArgumentError("revoked_snapshot_timeout must be positive")
 
 
-@dataclass(frozen=True)
-class Notice:
-    """One thing that happened to a group, as `watch` reports it."""
-
-    effect: Effect
-    time: float
-
-
 class Orchestrator:
     """Grants each group's accelerators to one job at a time, durably.
 
@@ -167,8 +189,10 @@ class Orchestrator:
         self._call_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._watchers: set[tuple[str, asyncio.Queue[Notice | None]]] = set()
-        self.gate = CallGate("the orchestrator", self.config.max_message_bytes)
+        self.watches = WatchHub(self.config.max_watchers, self.config.watch_backlog)
+        self.gate = CallGate(
+            "the orchestrator", self.config.max_message_bytes, self.config.message_timeout
+        )
         self.agents = AgentDirectory()
         self.handoff = HandoffDriver(
             self, self.config.switch_timeout, self.config.revoked_snapshot_timeout
@@ -311,7 +335,9 @@ class Orchestrator:
     async def _listen(self) -> None:
         from timeslice.orchestrator.service import OrchestratorService
 
-        self._server = GrpcServer([OrchestratorService(self)])
+        self._server = GrpcServer(
+            [OrchestratorService(self)], self.config.connection_limits(), "the orchestrator"
+        )
         self._address = await self._server.serve(self.config.host, self.config.port)
 
     # --- the engine: handle, journal, act ---------------------------------------------
@@ -445,8 +471,7 @@ class Orchestrator:
                     pass  # answered by their calls, or only told to watchers
                 case _:
                     raise TypeError(f"not an effect: {effect!r}")
-            if self._watchers:
-                self._publish(effect)
+            self.watches.publish(effect)
 
     def _fail_call(self, call_id: str, error: TimeSliceError) -> None:
         call = self._calls.get(call_id)
@@ -474,23 +499,7 @@ class Orchestrator:
         self._rearm()
 
     def _end_watches(self) -> None:
-        for entry in list(self._watchers):
-            self._watchers.discard(entry)
-            _, queue = entry
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(None)
-
-    def _publish(self, effect: Effect) -> None:
-        notice = Notice(effect, time.time())
-        for group, queue in list(self._watchers):
-            if group in ("", effect.group):
-                try:
-                    queue.put_nowait(notice)
-                except asyncio.QueueFull:
-                    self._watchers.discard((group, queue))
-                    queue.get_nowait()  # make room for the end marker
-                    queue.put_nowait(None)
+        self.watches.close()
 
     # --- agents and the switch ----------------------------------------------------------
 
@@ -676,12 +685,11 @@ class Orchestrator:
         """Every group: asked for, or with nodes."""
         return sorted({*self.table.groups, *self.table.nodes})
 
-    def watch(self, group: str = "", max_backlog: int = 10_000) -> Watch:
-        """What happens to `group` ("" for all), from this call on until close. A
-        watcher that falls `max_backlog` notices behind is ended."""
-        watch = Watch(group, asyncio.Queue(max_backlog), self._watchers.discard)
-        self._watchers.add((group, watch.queue))
-        return watch
+    def watch(self, group: str = "", render: Render | None = None) -> Watch[Any]:
+        """What happens to `group` ("" for all), from this call on until close: `Notice`s,
+        or what `render` makes of each. Over `max_watchers` it raises
+        ResourceExhaustedError; a watch that falls `watch_backlog` behind is ended."""
+        return self.watches.watch(group, render) if render else self.watches.watch(group)
 
 
 class _Call:
@@ -711,28 +719,6 @@ def tune_gc_for_serving() -> None:
     program that embeds an Orchestrator decides for itself.
     """
     gc.set_threshold(50_000, 20, 10)
-
-
-class Watch:
-    """An async iterator of `Notice`s, registered from the moment it is made."""
-
-    def __init__(
-        self, group: str, queue: asyncio.Queue[Notice | None], forget: Callable[[Any], None]
-    ) -> None:
-        self.group, self.queue, self._forget = group, queue, forget
-
-    def __aiter__(self) -> Watch:
-        return self
-
-    async def __anext__(self) -> Notice:
-        notice = await self.queue.get()
-        if notice is None:
-            raise StopAsyncIteration
-        return notice
-
-    def close(self) -> None:
-        """Stop receiving notices."""
-        self._forget((self.group, self.queue))
 
 
 _T = TypeVar("_T")

@@ -15,8 +15,8 @@ import grpclib.const
 from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
-from timeslice.api.serving import edge_mapping
-from timeslice.errors import InvalidArgumentError
+from timeslice.api.serving import Encoded, edge_mapping
+from timeslice.errors import InvalidArgumentError, ResourceExhaustedError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.model import Group, GroupState, check_id
 
@@ -114,25 +114,32 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             yield_requested=renewed.yield_requested,
         )
 
-    async def watch(self, message: pb.WatchRequest) -> AsyncIterator[pb.WatchEvent]:
+    # The edge sends `Encoded` replies as they are: the events every watcher
+    # shares are encoded once, whatever the number of watchers.
+    async def watch(  # type: ignore[override]
+        self, message: pb.WatchRequest
+    ) -> AsyncIterator[pb.WatchEvent | Encoded]:
         if message.group_id:
             check_id("group_id", message.group_id)
-        notices = self.orch.watch(message.group_id)
-        known = self.orch.group_names()
-        names = [message.group_id] if message.group_id else known
-        now = datetime.now(UTC)
-        for name in names:
-            if name in known:
-                status = self._status(self.orch.group(name))
-                yield pb.WatchEvent(
-                    kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status
-                )
+        events = self.orch.watch(message.group_id, self._wire_event)
         try:
-            async for notice in notices:
-                if (event := self._watch_event(notice)) is not None:
-                    yield event
+            known = self.orch.group_names()
+            names = [message.group_id] if message.group_id else known
+            now = datetime.now(UTC)
+            for name in names:
+                if name in known:
+                    status = self._status(self.orch.group(name))
+                    yield pb.WatchEvent(
+                        kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status
+                    )
+            while batch := await events.batch():
+                yield Encoded.join(batch)
+            if events.lagged:
+                raise ResourceExhaustedError(
+                    f"the watcher fell {self.orch.config.watch_backlog} events behind"
+                )
         finally:
-            notices.close()
+            events.close()
 
     async def force_release(self, message: pb.ForceReleaseRequest) -> pb.ForceReleaseResponse:
         effects = await self.orch.force_release(message.group_id, message.job_id, message.reason)
@@ -202,6 +209,12 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             ],
             nodes=list(self.orch.table.nodes.get(g.name, ())),
         )
+
+    def _wire_event(self, notice: Notice) -> Encoded | None:
+        """What every Watch stream sends of `notice`: built now (it carries the group's
+        status as of now), encoded by the first stream to send it."""
+        event = self._watch_event(notice)
+        return Encoded(event) if event is not None else None
 
     def _watch_event(self, notice: Notice) -> pb.WatchEvent | None:
         effect = notice.effect

@@ -26,7 +26,7 @@ from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
-from timeslice.api.connections import ConnectionLimits
+from timeslice.api.connections import connection_limits
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
 from timeslice.client._transport import parse_target
@@ -92,20 +92,10 @@ class AgentConfig:
     idle_timeout: float = 300.0
     message_timeout: float = 10.0
 
-    def connection_limits(self) -> ConnectionLimits:
-        """The limits of the agent's gRPC server."""
-        return ConnectionLimits(
-            max_connections=self.max_connections,
-            max_streams=self.max_streams_per_connection,
-            header_timeout=self.header_timeout,
-            idle_timeout=self.idle_timeout,
-            message_timeout=self.message_timeout,
-        )
-
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
-        self.connection_limits()  # checks them
+        connection_limits(self)  # checks them
         if not self.node_name:
             raise InvalidArgumentError("node_name must not be empty")
         check_id("node_name", self.node_name)
@@ -277,7 +267,7 @@ class Agent:
 
         self._server = GrpcServer(
             [AgentService(self), HealthService(self)],
-            self.config.connection_limits(),
+            connection_limits(self.config),
             "the agent",
         )
         self._address = await self._server.serve(self.config.host, self.config.port)

@@ -26,7 +26,7 @@ import logging
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from grpclib.config import Configuration
 from grpclib.const import Status
@@ -68,6 +68,32 @@ class ConnectionLimits:
         for name in ("header_timeout", "idle_timeout", "message_timeout"):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be positive")
+
+
+class LimitedConfig(Protocol):
+    """A server's configuration with the connection limits' fields (its own names)."""
+
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def max_streams_per_connection(self) -> int: ...
+    @property
+    def header_timeout(self) -> float: ...
+    @property
+    def idle_timeout(self) -> float: ...
+    @property
+    def message_timeout(self) -> float: ...
+
+
+def connection_limits(config: LimitedConfig) -> ConnectionLimits:
+    """The connection limits a server's configuration sets (checked here)."""
+    return ConnectionLimits(
+        max_connections=config.max_connections,
+        max_streams=config.max_streams_per_connection,
+        header_timeout=config.header_timeout,
+        idle_timeout=config.idle_timeout,
+        message_timeout=config.message_timeout,
+    )
 
 
 def warn_if_files_run_short(limits: ConnectionLimits, what: str) -> None:

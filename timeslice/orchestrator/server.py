@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 
-from timeslice.api.connections import ConnectionLimits
+from timeslice.api.connections import connection_limits
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     CancelledError,
@@ -110,16 +110,6 @@ class OrchestratorConfig:
     max_watchers: int = 1024
     watch_backlog: int = 10_000
 
-    def connection_limits(self) -> ConnectionLimits:
-        """The limits of the orchestrator's gRPC server."""
-        return ConnectionLimits(
-            max_connections=self.max_connections,
-            max_streams=self.max_streams_per_connection,
-            header_timeout=self.header_timeout,
-            idle_timeout=self.idle_timeout,
-            message_timeout=self.message_timeout,
-        )
-
     # Groups the orchestrator knows at most (each stays known: its fencing token
     # must only grow), and jobs waiting for one group at most.
     max_groups: int = 10_000
@@ -135,7 +125,7 @@ class OrchestratorConfig:
         self.table_limits()  # checks them
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
-        self.connection_limits()  # checks them
+        connection_limits(self)  # checks them
         if self.max_watchers < 1 or self.watch_backlog < 1:
             raise InvalidArgumentError("max_watchers and watch_backlog must be at least 1")
         limits = [self.hold_limit, *self.hold_limits.values()]
@@ -336,7 +326,7 @@ class Orchestrator:
         from timeslice.orchestrator.service import OrchestratorService
 
         self._server = GrpcServer(
-            [OrchestratorService(self)], self.config.connection_limits(), "the orchestrator"
+            [OrchestratorService(self)], connection_limits(self.config), "the orchestrator"
         )
         self._address = await self._server.serve(self.config.host, self.config.port)
 

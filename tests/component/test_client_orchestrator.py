@@ -596,6 +596,19 @@ async def test_a_revoked_lease_is_reported_and_its_late_release_refused(
     assert not client.lease_lost()
 
 
+async def test_a_lease_that_ran_out_while_the_process_was_frozen_is_lost_at_once(
+    fake: FakeOrchestrator, make_client: ClientFactory
+) -> None:
+    client = make_client(lease_ttl_sec=0.3)
+    await client.acquire()
+    assert not client.lease_lost()
+    time.sleep(0.45)  # the event loop stands still, as under SIGSTOP: no renewal runs
+    assert client.lease_lost()  # before any renewal could say so
+    fake.revoke("g")  # as the orchestrator did when the lease ran out
+    with pytest.raises(LeaseLostError):
+        await client.release()
+
+
 async def test_an_unknown_lease_is_lost_and_an_async_callback_is_awaited(
     fake: FakeOrchestrator, make_client: ClientFactory
 ) -> None:

@@ -110,6 +110,13 @@ class LeaseKeeper:
         """Why the job's last grant in this group was lost; None if it was not."""
         return self._lost.get((group_id, job_id))
 
+    def run_out(self, group_id: str, job_id: str, now: float) -> bool:
+        """Whether the lease of the job's grant has run out by `now` (the loop's clock)
+        with no renewal heard: a process frozen past its lease learns so the moment it
+        runs again, before any renewal could tell it."""
+        holding = self._held.get((group_id, job_id))
+        return holding is not None and holding.expires_at is not None and now > holding.expires_at
+
     async def take(self, group_id: str, job_id: str) -> Holding | None:
         """Forgets a grant (before its release) and stops renewing it."""
         holding = self._held.pop((group_id, job_id), None)
@@ -171,6 +178,7 @@ class LeaseKeeper:
                 return False
             except UnimplementedError:
                 logger.debug("the server does not know KeepAlive; leases are not renewed")
+                holding.expires_at = None  # nor do its grants run out
                 return False
             except TimeSliceError as error:
                 left = holding.expires_at - loop.time()

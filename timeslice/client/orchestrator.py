@@ -259,8 +259,13 @@ class AsyncTimeSliceOrchestratorClient:
         return holding is not None and holding.yield_requested
 
     def lease_lost(self, job_id: str | None = None, group_id: str | None = None) -> bool:
-        """Whether the job's last grant in the group lost its lease (until it acquires again)."""
-        return self._leases.lost(self._group(group_id), self._job(job_id)) is not None
+        """Whether the job's last grant in the group lost its lease (until it acquires
+        again): a renewal was refused, or the lease ran out with none heard (the
+        process was frozen, say). A job checks it between steps of a hold."""
+        group, job = self._group(group_id), self._job(job_id)
+        if self._leases.lost(group, job) is not None:
+            return True
+        return self._loop is not None and self._leases.run_out(group, job, self._loop.time())
 
     async def watch(self, group_id: str = "") -> AsyncGenerator[WatchEvent, None]:
         """The events of one group, or of every group when ``group_id`` is empty.

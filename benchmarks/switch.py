@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import math
 import statistics
 import sys
@@ -90,7 +89,6 @@ HOSTMEM_GROUP = "hostmem"
 HOSTMEM_JOBS = ("w1", "w2")
 DIRECT_GROUP = "direct"
 DIRECT_JOBS = ("da", "db")
-_direct_tokens = itertools.count(1)  # fencing tokens of the direct switches: always newer
 TARGET_ECHO_RTTS = 5.0
 
 
@@ -183,20 +181,32 @@ async def split_switches(
 
 
 async def measure_agent_switches(
-    agents: list[str], samples: int, warmup: int, settle: float
+    orchestrator: str, agents: list[str], samples: int, warmup: int, settle: float
 ) -> list[float]:
     """The agents' part alone: this process sends SwitchGroup to every agent at once,
     as the orchestrator does, alternating two noop jobs of a group of their own;
-    each sample after the same pause as a Yield. Seconds, sent -> every answer."""
+    each sample after the same pause as a Yield. Seconds, sent -> every answer.
+
+    The agents take only fencing tokens their orchestrator issued: the group's
+    tokens are drawn from it first (a grant each, on a group without nodes
+    there), so the samples do not include the agents' question to the
+    orchestrator that a real switch's new token costs."""
     jobs = [SwitchJob(job_id=job, backend_config=named_backend("noop")) for job in DIRECT_JOBS]
     times = []
+    async with AsyncTimeSliceOrchestratorClient(
+        orchestrator, "direct-tokens", DIRECT_GROUP, lease_ttl_sec=None
+    ) as issuer:
+        for _ in range(warmup + samples):
+            await issuer.acquire()
+            await issuer.release()
+    tokens = iter(range(1, warmup + samples + 1))
     async with contextlib.AsyncExitStack() as stack:
         clients = [
             await stack.enter_async_context(AsyncSnapshotAgentClient(address)) for address in agents
         ]
         for i in range(warmup + samples):
             await asyncio.sleep(settle)
-            target, token = DIRECT_JOBS[i % 2], next(_direct_tokens)
+            target, token = DIRECT_JOBS[i % 2], next(tokens)
             t0 = now()
             answers = await asyncio.gather(
                 *(
@@ -332,7 +342,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 switches.append(
                     await measure_handoffs(switching, n, args.warmup, settle, echo.address)
                 )
-            direct = await measure_agent_switches(agents, args.rounds, args.warmup, settle)
+            direct = await measure_agent_switches(
+                switching, agents, args.rounds, args.warmup, settle
+            )
             split_run, split = (None, Split())
             if args.split_rounds > 0:
                 split_run, split = await split_switches(

@@ -4,11 +4,14 @@ otherwise make every real command for the group stale, for good."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from timeslice import Agent, AsyncSnapshotAgentClient, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.client import named_backend
 from timeslice.errors import ConflictError, InvalidArgumentError
+from timeslice.fencing import new_key, token_proof
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,3 +55,28 @@ async def test_an_agent_without_an_orchestrator_takes_tokens_as_sent() -> None:
         assert agent.table.tokens["g"] == 9
         with pytest.raises(InvalidArgumentError):
             await client.restore("a", "g", fencing_token=2**63)
+
+
+async def test_the_orchestrators_switches_prove_their_tokens_and_are_not_asked_about() -> None:
+    async with (
+        Orchestrator(group_nodes={"g": ("n1",)}) as orch,
+        Agent(node_name="n1", backends=("noop",), orchestrator=orch.address) as agent,
+        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
+        AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
+        AsyncSnapshotAgentClient(agent.address) as client,
+    ):
+        while "n1" not in orch.agents.token_keys:  # the agent's session is up
+            await asyncio.sleep(0.01)
+        for job in (a, b):
+            await job.register_job(named_backend("noop"), node="n1")
+        for _ in range(3):
+            for job in (a, b):
+                async with job.acquire(timeout_sec=10):
+                    pass
+        assert agent.table.tokens["g"] == 6  # every switch's token was taken...
+        assert agent._link is not None and agent._link._client is None  # ...unasked
+        # A proof made with another key proves nothing: the token is checked by asking.
+        forged = token_proof(new_key(), "g", 99)
+        with pytest.raises(ConflictError, match="never issued"):
+            await client.switch_group("g", "a", 99, timeout_sec=5, token_proof=forged)
+        assert agent.table.tokens["g"] == 6

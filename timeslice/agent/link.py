@@ -26,6 +26,7 @@ from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.client._transport import backoff_delays, in_own_task, parse_target
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
+from timeslice.fencing import new_key
 
 if TYPE_CHECKING:
     from timeslice.agent.server import Agent
@@ -52,6 +53,8 @@ class OrchestratorLink:
         #: Reports the orchestrator has accepted (tests and logs read it).
         self.reports_sent = 0
         self._client: AsyncTimeSliceOrchestratorClient | None = None
+        #: This process's session key: the orchestrator proves its tokens with it.
+        self.token_key = new_key()
 
     async def issued_token(self, group: str) -> int:
         """The newest fencing token the orchestrator has issued for `group` (0: none)."""
@@ -63,7 +66,9 @@ class OrchestratorLink:
                 reconnect_timeout_sec=TOKEN_CHECK_TIMEOUT_SEC,
             )
         try:
-            status = await self._client.get_status(group, timeout_sec=TOKEN_CHECK_TIMEOUT_SEC)
+            status = await self._client.get_status(
+                group, timeout_sec=TOKEN_CHECK_TIMEOUT_SEC, lock_only=True
+            )
         except NotFoundError:
             return 0
         return status.group.fencing_token
@@ -155,6 +160,7 @@ class OrchestratorLink:
             groups=list(config.groups),
             jobs=jobs,
             accelerators=self._accelerators,
+            token_key=self.token_key,
         )
 
     # --- processes ending -------------------------------------------------------------

@@ -26,6 +26,7 @@ from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.state import Job, JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
+from timeslice.fencing import proves
 from timeslice.api.connections import connection_limits
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends._processes import pid_exists
@@ -177,7 +178,9 @@ class Agent:
             saved = await self._store.load()
             if saved is not None:
                 self.table = JobTable.from_dict(
-                    saved, op_retention=self.config.operation_retention, max_jobs=self.config.max_jobs
+                    saved,
+                    op_retention=self.config.operation_retention,
+                    max_jobs=self.config.max_jobs,
                 )
             await self._load_backends()
             self._state = "serving"
@@ -418,21 +421,25 @@ class Agent:
             return ""
         return "ALIVE" if any(pid_exists(pid) for pid in pids) else "GONE"
 
-    async def check_token(self, group: str, token: int) -> None:
+    async def check_token(self, group: str, token: int, proof: bytes = b"") -> None:
         """Refuse a fencing token that the orchestrator never issued for `group`.
 
         Taken, a token from the future would make every real command for the
         group stale, for good (the newest token seen is saved). So a token
-        newer than any seen for the group is taken only once the orchestrator
-        says it issued one at least as new: one question per new grant. An
-        agent without an orchestrator has nobody to ask, and takes tokens as
-        sent (it listens on loopback unless told otherwise).
+        newer than any seen for the group is taken only with the orchestrator's
+        `proof` (`timeslice.fencing`: what its switches carry), or once the
+        orchestrator, asked, says it issued one at least as new. An agent
+        without an orchestrator has nobody to ask, and takes tokens as sent (it
+        listens on loopback unless told otherwise).
         """
         if token > MAX_FENCING_TOKEN:
             raise InvalidArgumentError(f"fencing token {token} is out of range")
         if not token or self._link is None or token <= self.table.tokens.get(group, 0):
             return
         if token <= self._issued_tokens.get(group, 0):
+            return
+        if proves(self._link.token_key, group, token, proof):
+            self._issued_tokens[group] = token  # the orchestrator has issued it, then
             return
         issued = await self._link.issued_token(group)
         self._issued_tokens[group] = max(issued, self._issued_tokens.get(group, 0))

@@ -111,7 +111,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
                 raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
             if job.snapshot_timeout_ms:
                 snapshot_limits[job.job_id] = job.snapshot_timeout_ms / 1000
-        await self.agent.check_token(message.group, message.fencing_token)
+        await self.agent.check_token(message.group, message.fencing_token, message.token_proof)
         report = await switch_group(
             self.agent,
             message.group,

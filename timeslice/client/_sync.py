@@ -156,10 +156,17 @@ class TimeSliceOrchestratorClient:
         return self._run(lambda: self._client.release(job_id, group_id, timeout_sec))
 
     def get_status(
-        self, group_id: str | None = None, timeout_sec: float | None = None
+        self,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+        *,
+        lock_only: bool = False,
     ) -> OrchestratorGroupStatus:
-        """The group's lock state and its jobs' context states on every node."""
-        return self._run(lambda: self._client.get_status(group_id, timeout_sec))
+        """The group's lock state and its jobs' context states on every node
+        (``lock_only``: the lock state alone, without asking the agents)."""
+        return self._run(
+            lambda: self._client.get_status(group_id, timeout_sec, lock_only=lock_only)
+        )
 
     def list_groups(self, timeout_sec: float | None = None) -> list[str]:
         """Every group the orchestrator knows."""

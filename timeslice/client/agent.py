@@ -244,11 +244,13 @@ class AsyncSnapshotAgentClient:
         *,
         jobs: Sequence[pb.SwitchJob] = (),
         timeout_sec: float,
+        token_proof: bytes = b"",
     ) -> pb.SwitchGroupResponse:
         """The node's part of a switch of ``group`` to ``next_job_id`` (the
         orchestrator's call): every other live context of the group snapshotted,
         then the next job's restored if saved. Safe to repeat, so it is retried
-        while the agent cannot be reached, within ``timeout_sec``."""
+        while the agent cannot be reached, within ``timeout_sec``. ``token_proof``:
+        the orchestrator's proof that the token is its own (`timeslice.fencing`)."""
         _check_timeout(timeout_sec)
         stubs = self._connect()
 
@@ -259,6 +261,7 @@ class AsyncSnapshotAgentClient:
                 fencing_token=fencing_token,
                 timeout_ms=max(1, round(left * 1000)),
                 jobs=list(jobs),
+                token_proof=token_proof,
             )
             # The agent answers by its deadline; the call's own outlasts it a little.
             return stubs.agent.switch_group(request, timeout=left + _WAIT_BACKSTOP_SEC)

@@ -206,12 +206,17 @@ class AsyncTimeSliceOrchestratorClient:
         return await self._release(self._job(job_id), self._group(group_id), timeout_sec)
 
     async def get_status(
-        self, group_id: str | None = None, timeout_sec: float | None = None
+        self,
+        group_id: str | None = None,
+        timeout_sec: float | None = None,
+        *,
+        lock_only: bool = False,
     ) -> OrchestratorGroupStatus:
-        """The group's lock state and its jobs' context states on every node."""
+        """The group's lock state and its jobs' context states on every node
+        (``lock_only``: the lock state alone, without asking the agents)."""
         group = self._group(group_id)
         stub = self._connect()
-        request = pb.GetGroupStatusRequest(group_id=group)
+        request = pb.GetGroupStatusRequest(group_id=group, lock_only=lock_only)
         response = await self._retrying(
             f"GetGroupStatus({group})",
             timeout_sec,

@@ -47,6 +47,8 @@ class AgentDirectory:
         self.accelerators: dict[str, dict[str, int]] = {}
         self._liveness: dict[str, dict[tuple[str, str], str]] = {}
         self._sessions: dict[str, object] = {}
+        # Node name -> the key its agent checks the tokens of switches with.
+        self.token_keys: dict[str, bytes] = {}
         self._arrived = asyncio.Event()
 
     def reported(
@@ -56,9 +58,12 @@ class AgentDirectory:
         address: str,
         liveness: dict[tuple[str, str], str],
         accelerators: dict[str, int],
+        token_key: bytes = b"",
     ) -> None:
-        """An agent in `session` reported its jobs (and its accelerators: id -> bytes)."""
+        """An agent in `session` reported its jobs (and its accelerators: id -> bytes,
+        and the key it checks the tokens of switches with)."""
         self._sessions[node] = session
+        self.token_keys[node] = token_key
         self.addresses[node] = address
         self.accelerators[node] = accelerators
         self._liveness[node] = liveness
@@ -73,6 +78,7 @@ class AgentDirectory:
             self.addresses.pop(node, None)
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
+            self.token_keys.pop(node, None)
 
     async def reset(self, group: str, job: str, addresses: Sequence[str]) -> None:
         """Clear the job's fault on every one of these agents that has it faulted."""

@@ -36,6 +36,7 @@ from timeslice._failpoints import SWITCH_JOURNALED, SWITCH_MOVED, failpoint
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.errors import LeaseLostError, TimeSliceError
+from timeslice.fencing import token_proof
 from timeslice.orchestrator import events as ev
 
 if TYPE_CHECKING:
@@ -138,12 +139,14 @@ class HandoffDriver:
             return NodeResult(node, error="no agent registered for this node in time")
         left = deadline - time.time()
         try:
+            key = self.orch.agents.token_keys.get(node, b"")
             answer = await self._client(address).switch_group(
                 switch.group,
                 switch.job,
                 switch.token,
                 jobs=list(self._jobs(switch.group, node, revoked)),
                 timeout_sec=max(left, 0.001),
+                token_proof=token_proof(key, switch.group, switch.token) if key else b"",
             )
         except LeaseLostError:
             return NodeResult(node, error=_SUPERSEDED)

@@ -15,7 +15,6 @@ from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
 
 
-
 class GroupState(enum.Enum):
     """A group's lock state, named as on the wire."""
 

@@ -43,6 +43,7 @@ from timeslice.client._transport import parse_target
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import DEFAULT_RETENTION, Journal, open_journal
+from timeslice.fencing import KEY_BYTES
 from timeslice.orchestrator.model import TableLimits
 from timeslice.orchestrator.state import Group, LockTable, check_id, check_node
 from timeslice.orchestrator.watches import Notice as Notice  # for watchers to import here
@@ -501,11 +502,15 @@ class Orchestrator:
         groups: list[str],
         liveness: dict[tuple[str, str], str],
         accelerators: dict[str, int] | None = None,
+        token_key: bytes = b"",
     ) -> None:
         """An agent in session reported: register it (journaled when new), join the
-        groups it names, and revoke holders whose every workload is gone."""
+        groups it names, and revoke holders whose every workload is gone.
+        `token_key`: what the switches sent to it prove their tokens with."""
         check_node(node)
         parse_target(address)
+        if token_key and len(token_key) != KEY_BYTES:
+            raise InvalidArgumentError(f"a token key has {KEY_BYTES} bytes")
         now = time.time()
         if self.table.agents.get(node) != address:
             self.apply(ev.RegisterAgent(now, node, address))
@@ -513,7 +518,7 @@ class Orchestrator:
             known = self.table.nodes.get(group, ())
             if node not in known:
                 self.apply(ev.SetGroupNodes(now, group, (*known, node)))
-        self.agents.reported(session, node, address, liveness, accelerators or {})
+        self.agents.reported(session, node, address, liveness, accelerators or {}, token_key)
         for group, nodes in self.table.nodes.items():
             if node in nodes or address in nodes:
                 self._check_holder(group)

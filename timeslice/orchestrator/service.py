@@ -92,7 +92,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         check_id("group_id", message.group_id)
         status = self._status(self.orch.group(message.group_id))
         nodes = self.orch.group_agents(message.group_id)
-        if not nodes:
+        if not nodes or message.lock_only:
             return pb.GetGroupStatusResponse(group=status)
         addresses = [address for _, address in nodes if address is not None]
         views, everyone = await self.orch.agents.job_states(message.group_id, addresses)
@@ -182,6 +182,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                     list(report.groups),
                     liveness,
                     accelerators,
+                    report.token_key,
                 )
                 node = report.node_name
         finally:

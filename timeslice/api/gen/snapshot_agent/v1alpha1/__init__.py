@@ -807,6 +807,12 @@ class SwitchGroupRequest(betterproto2.Message):
     The group's jobs the orchestrator knows, with their backend policies.
     """
 
+    token_proof: "bytes" = betterproto2.field(6, betterproto2.TYPE_BYTES)
+    """
+    HMAC-SHA256, under the key this agent sent in its AgentReport, of the group and
+    the fencing token: the token is the orchestrator's (empty: the agent asks).
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "SwitchGroupRequest", SwitchGroupRequest

@@ -323,6 +323,12 @@ class AgentReport(betterproto2.Message):
         betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
     )
 
+    token_key: "bytes" = betterproto2.field(6, betterproto2.TYPE_BYTES)
+    """
+    A secret of this agent process (32 bytes): the orchestrator proves with it that
+    the fencing tokens of its SwitchGroup requests are its own (token_proof).
+    """
+
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "AgentReport", AgentReport
@@ -377,6 +383,13 @@ default_message_pool.register_message(
 @dataclass(eq=False, repr=False)
 class GetGroupStatusRequest(betterproto2.Message):
     group_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    lock_only: "bool" = betterproto2.field(100, betterproto2.TYPE_BOOL)
+    """
+    Answer from the lock table alone, without asking the group's agents what they
+    hold (agent_job_states stays empty): what an agent asks when it checks a
+    fencing token.
+    """
 
 
 default_message_pool.register_message(

@@ -57,18 +57,25 @@ async def test_an_agent_without_an_orchestrator_takes_tokens_as_sent() -> None:
             await client.restore("a", "g", fencing_token=2**63)
 
 
-async def test_the_orchestrators_switches_prove_their_tokens_and_are_not_asked_about() -> None:
+@pytest.mark.parametrize("by_address", [False, True], ids=["node name", "agent address"])
+async def test_the_orchestrators_switches_prove_their_tokens_and_are_not_asked_about(
+    by_address: bool, free_port: int
+) -> None:
+    address = f"127.0.0.1:{free_port}"
+    node = address if by_address else "n1"
     async with (
-        Orchestrator(group_nodes={"g": ("n1",)}) as orch,
-        Agent(node_name="n1", backends=("noop",), orchestrator=orch.address) as agent,
+        Orchestrator(group_nodes={"g": (node,)}) as orch,
+        Agent(
+            node_name="n1", backends=("noop",), orchestrator=orch.address, port=free_port
+        ) as agent,
         AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
         AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
         AsyncSnapshotAgentClient(agent.address) as client,
     ):
-        while "n1" not in orch.agents.token_keys:  # the agent's session is up
+        while not orch.agents.token_key("n1"):  # the agent's session is up
             await asyncio.sleep(0.01)
         for job in (a, b):
-            await job.register_job(named_backend("noop"), node="n1")
+            await job.register_job(named_backend("noop"), node=node)
         for _ in range(3):
             for job in (a, b):
                 async with job.acquire(timeout_sec=10):

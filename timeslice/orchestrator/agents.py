@@ -48,7 +48,7 @@ class AgentDirectory:
         self._liveness: dict[str, dict[tuple[str, str], str]] = {}
         self._sessions: dict[str, object] = {}
         # Node name -> the key its agent checks the tokens of switches with.
-        self.token_keys: dict[str, bytes] = {}
+        self._token_keys: dict[str, bytes] = {}
         self._arrived = asyncio.Event()
 
     def reported(
@@ -63,7 +63,7 @@ class AgentDirectory:
         """An agent in `session` reported its jobs (and its accelerators: id -> bytes,
         and the key it checks the tokens of switches with)."""
         self._sessions[node] = session
-        self.token_keys[node] = token_key
+        self._token_keys[node] = token_key
         self.addresses[node] = address
         self.accelerators[node] = accelerators
         self._liveness[node] = liveness
@@ -78,7 +78,15 @@ class AgentDirectory:
             self.addresses.pop(node, None)
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
-            self.token_keys.pop(node, None)
+            self._token_keys.pop(node, None)
+
+    def token_key(self, node: str) -> bytes:
+        """The key the agent of `node` (a node name, or the address of an agent in
+        session) checks the tokens of switches with; empty when none is known."""
+        if (key := self._token_keys.get(node)) is not None:
+            return key
+        named = next((name for name, address in self.addresses.items() if address == node), "")
+        return self._token_keys.get(named, b"")
 
     async def reset(self, group: str, job: str, addresses: Sequence[str]) -> None:
         """Clear the job's fault on every one of these agents that has it faulted."""

@@ -139,7 +139,7 @@ class HandoffDriver:
             return NodeResult(node, error="no agent registered for this node in time")
         left = deadline - time.time()
         try:
-            key = self.orch.agents.token_keys.get(node, b"")
+            key = self.orch.agents.token_key(node)
             answer = await self._client(address).switch_group(
                 switch.group,
                 switch.job,

@@ -159,12 +159,13 @@ def test_the_startup_line_shows_no_password(tmp_path: Path, free_port: int) -> N
          "--db", url.render_as_string(hide_password=False), *QUIET],
         stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
+    assert process.stderr is not None
     try:
-        assert process.stderr is not None
         line = process.stderr.readline()
     finally:
         process.terminate()
         process.wait(10)
+        process.stderr.close()
     assert line.startswith("timeslice orchestrator serving on "), line
     assert ":***@" in line and str(url.password) not in line
 

@@ -32,6 +32,12 @@ async def test_a_token_the_orchestrator_never_issued_is_refused_and_changes_noth
         with pytest.raises(ConflictError, match="never issued"):
             await client.switch_group("g", "a", 7, timeout_sec=5)
         assert agent.table.tokens.get("g", 0) == 0
+        for i in range(20):  # groups the orchestrator does not know leave nothing behind
+            with pytest.raises(ConflictError):
+                await client.snapshot(
+                    "a", f"x{i}", backend_config=named_backend("noop"), fencing_token=5
+                )
+        assert agent._issued_tokens == {}
         # A token the orchestrator did issue is taken, and one past it is not.
         grant = await job.acquire(timeout_sec=10)
         await job.release()

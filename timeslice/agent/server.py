@@ -442,7 +442,8 @@ class Agent:
             self._issued_tokens[group] = token  # the orchestrator has issued it, then
             return
         issued = await self._link.issued_token(group)
-        self._issued_tokens[group] = max(issued, self._issued_tokens.get(group, 0))
+        if issued:  # groups the orchestrator knows only: any caller may name others
+            self._issued_tokens[group] = max(issued, self._issued_tokens.get(group, 0))
         if token > issued:
             raise ConflictError(
                 f"fencing token {token} for group {group!r} was never issued: the"

@@ -14,9 +14,10 @@ from typing import Any, Final
 import grpclib.client
 import h2.exceptions
 from grpclib.const import Cardinality, Status
-from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import decode_grpc_message
+
+from tests.integration.orchestrator_wire import PassThroughCodec
 
 from .generate import Request
 
@@ -31,19 +32,6 @@ CLIENT_ERROR: Final = "CLIENT_ERROR"  # the fuzzer's client failed: a finding to
 # How far past its deadline a call may end before it counts as hung: the servers
 # share this process's event loop with every worker, on slow shared cores.
 HANG_MARGIN: Final = 3.0
-
-
-class PassThroughCodec(CodecBase):
-    """Message bytes as they are, both ways."""
-
-    __content_subtype__ = "proto"
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        assert isinstance(message, bytes)
-        return message
-
-    def decode(self, data: bytes, message_type: Any) -> bytes:
-        return data
 
 
 @dataclass

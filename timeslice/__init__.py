@@ -4,22 +4,17 @@ async with Orchestrator() as orch:                      # the lock service
     client = AsyncTimeSliceOrchestratorClient(orch.address, job_id="a", group_id="g")
     async with client.acquire():                         # exclusive accelerators
         train_step()
+
+`import timeslice` loads only the exceptions: every other public name is
+imported when first used (PEP 562), so that a client program loads no server,
+SQL or numpy.
 """
 
-from timeslice.agent.server import Agent, AgentConfig
-from timeslice.client import (
-    AcquireResult,
-    AsyncSnapshotAgentClient,
-    AsyncTimeSliceOrchestratorClient,
-    GroupLockState,
-    GroupStatus,
-    OrchestratorGroupStatus,
-    SnapshotAgentClient,
-    TimeSliceOrchestratorClient,
-    YieldResult,
-    register_workload,
-    register_workload_in_thread,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from timeslice.errors import (
     AlreadyExistsError,
     CancelledError,
@@ -41,10 +36,68 @@ from timeslice.errors import (
     UnavailableError,
     UnimplementedError,
 )
-from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
-from timeslice.workloads import HostMemoryWorkload
 
 __version__ = "0.1.0"
+
+# The public names imported on first use, and where each lives.
+_LAZY: dict[str, str] = {
+    "AcquireResult": "timeslice.client",
+    "Agent": "timeslice.agent.server",
+    "AgentConfig": "timeslice.agent.server",
+    "AsyncSnapshotAgentClient": "timeslice.client",
+    "AsyncTimeSliceOrchestratorClient": "timeslice.client",
+    "GroupLockState": "timeslice.client",
+    "GroupStatus": "timeslice.client",
+    "HostMemoryWorkload": "timeslice.workloads",
+    "Orchestrator": "timeslice.orchestrator.server",
+    "OrchestratorConfig": "timeslice.orchestrator.server",
+    "OrchestratorGroupStatus": "timeslice.client",
+    "SnapshotAgentClient": "timeslice.client",
+    "TimeSliceOrchestratorClient": "timeslice.client",
+    "YieldResult": "timeslice.client",
+    "register_workload": "timeslice.client",
+    "register_workload_in_thread": "timeslice.client",
+}
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from timeslice.agent.server import (
+        Agent,
+        AgentConfig,
+    )
+    from timeslice.client import (
+        AcquireResult,
+        AsyncSnapshotAgentClient,
+        AsyncTimeSliceOrchestratorClient,
+        GroupLockState,
+        GroupStatus,
+        OrchestratorGroupStatus,
+        SnapshotAgentClient,
+        TimeSliceOrchestratorClient,
+        YieldResult,
+        register_workload,
+        register_workload_in_thread,
+    )
+    from timeslice.orchestrator.server import (
+        Orchestrator,
+        OrchestratorConfig,
+    )
+    from timeslice.workloads import (
+        HostMemoryWorkload,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found at once next time
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AcquireResult",

@@ -344,7 +344,7 @@ def _with_client(
     """Run `action` with a client of the orchestrator at `target`; report errors plainly.
     Operator commands hold no lease: a lock they take stays until `timeslice yield`."""
     from timeslice.client import AsyncTimeSliceOrchestratorClient
-    from timeslice.client._transport import parse_target
+    from timeslice.ids import parse_target
 
     async def run() -> None:
         async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:

@@ -92,7 +92,7 @@ def describe(exc: BaseException, scope: Scope) -> str:
     if isinstance(exc, TimeSliceError):
         message = exc.message or type(exc).__name__
         # An operator reading a client's error wants the status to look it up.
-        return f"{message} ({exc.status.name})" if scope.target is not None else message
+        return f"{message} ({exc.code.name})" if scope.target is not None else message
     if isinstance(exc, OSError):
         if scope.listen is not None and (todo := _listen_advice(exc)):
             return f"cannot listen on {scope.listen}: {_reason(exc)} ({todo})"

@@ -1,22 +1,58 @@
-"""The exceptions of timeslice, and their mapping to and from gRPC statuses.
+"""The exceptions of timeslice, each with the gRPC status code it travels as.
 
-Domain code raises these; the servicers turn them into `GRPCError` with
-`to_grpc_error`, and the clients turn a `GRPCError` back into the same class
-with `from_grpc_error`. Nothing else in the package translates errors.
+Domain code raises these. Only the edges translate: the servicers turn them
+into `GRPCError`s and the clients turn a `GRPCError` back into the same class
+(`timeslice.api.status`). Standard library only: the pure tables raise them, and
+importing this module loads no gRPC.
 """
 
 from __future__ import annotations
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
+import enum
+from typing import TYPE_CHECKING, Any
 
-from timeslice.api.bounds import cap
+
+class Code(enum.IntEnum):
+    """A gRPC status code, numbered as on the wire."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class _GrpcStatus:
+    """`error.status`: grpclib's `Status` for the error's `code`. grpclib is imported
+    when this is first read, by code that speaks gRPC already."""
+
+    def __get__(self, obj: Any, owner: type[TimeSliceError]) -> Status:
+        from grpclib.const import Status
+
+        return Status((owner if obj is None else obj).code.value)
+
+
+if TYPE_CHECKING:
+    from grpclib.const import Status
 
 
 class TimeSliceError(Exception):
     """Base of every error timeslice raises."""
 
-    status: Status = Status.UNKNOWN
+    code: Code = Code.UNKNOWN
+    status = _GrpcStatus()
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message)
@@ -26,121 +62,80 @@ class TimeSliceError(Exception):
 class InvalidArgumentError(TimeSliceError, ValueError):
     """The request is malformed or names something invalid (an empty id, say)."""
 
-    status = Status.INVALID_ARGUMENT
+    code = Code.INVALID_ARGUMENT
 
 
 class NotFoundError(TimeSliceError, LookupError):
     """The group, job, lease or operation named does not exist."""
 
-    status = Status.NOT_FOUND
+    code = Code.NOT_FOUND
 
 
 class AlreadyExistsError(TimeSliceError):
     """The thing to create exists already."""
 
-    status = Status.ALREADY_EXISTS
+    code = Code.ALREADY_EXISTS
 
 
 class PermissionDeniedError(TimeSliceError, PermissionError):
     """The caller may not do this."""
 
-    status = Status.PERMISSION_DENIED
+    code = Code.PERMISSION_DENIED
 
 
 class ConflictError(TimeSliceError):
     """The request conflicts with the current state."""
 
-    status = Status.FAILED_PRECONDITION
+    code = Code.FAILED_PRECONDITION
 
 
 class NotHolderError(ConflictError):
     """The job does not hold the lock it tried to use (a `Yield` by a non-holder)."""
 
-    status = Status.FAILED_PRECONDITION
+    code = Code.FAILED_PRECONDITION
 
 
 class LeaseLostError(ConflictError):
     """The caller's grant is no longer current: its lease expired, was revoked, or
     its fencing token is stale."""
 
-    status = Status.ABORTED
+    code = Code.ABORTED
 
 
 class ResourceExhaustedError(TimeSliceError):
     """A limit was reached: a message too large, too many waiters."""
 
-    status = Status.RESOURCE_EXHAUSTED
+    code = Code.RESOURCE_EXHAUSTED
 
 
 class DeadlineExceededError(TimeSliceError, TimeoutError):
     """A wait limit or the call's deadline ran out (an `Acquire` not granted in time)."""
 
-    status = Status.DEADLINE_EXCEEDED
+    code = Code.DEADLINE_EXCEEDED
 
 
 class UnavailableError(TimeSliceError, ConnectionError):
     """The server cannot be reached, or is shutting down."""
 
-    status = Status.UNAVAILABLE
+    code = Code.UNAVAILABLE
 
 
 class CancelledError(TimeSliceError):
     """The call was cancelled."""
 
-    status = Status.CANCELLED
+    code = Code.CANCELLED
 
 
 class UnimplementedError(TimeSliceError, NotImplementedError):
     """The server does not know this call (an older server, or a v1alpha1 one)."""
 
-    status = Status.UNIMPLEMENTED
+    code = Code.UNIMPLEMENTED
 
 
 class InternalError(TimeSliceError):
     """The server failed in a way it did not expect."""
 
-    status = Status.INTERNAL
-
-
-# The class a client raises for each status. Statuses not listed map to the base.
-_BY_STATUS: dict[Status, type[TimeSliceError]] = {
-    Status.INVALID_ARGUMENT: InvalidArgumentError,
-    Status.OUT_OF_RANGE: InvalidArgumentError,
-    Status.NOT_FOUND: NotFoundError,
-    Status.ALREADY_EXISTS: AlreadyExistsError,
-    Status.PERMISSION_DENIED: PermissionDeniedError,
-    Status.UNAUTHENTICATED: PermissionDeniedError,
-    Status.FAILED_PRECONDITION: ConflictError,
-    Status.ABORTED: LeaseLostError,
-    Status.RESOURCE_EXHAUSTED: ResourceExhaustedError,
-    Status.DEADLINE_EXCEEDED: DeadlineExceededError,
-    Status.UNAVAILABLE: UnavailableError,
-    Status.CANCELLED: CancelledError,
-    Status.UNIMPLEMENTED: UnimplementedError,
-    Status.INTERNAL: InternalError,
-    Status.DATA_LOSS: InternalError,
-    Status.UNKNOWN: InternalError,
-}
-
-
-def to_grpc_error(error: TimeSliceError) -> GRPCError:
-    """The `GRPCError` a servicer raises for a domain error, its message capped
-    (see `timeslice.api.bounds`)."""
-    return GRPCError(error.status, cap(error.message or type(error).__name__))
-
-
-def from_grpc_error(
-    error: GRPCError, conflict: type[ConflictError] = ConflictError
-) -> TimeSliceError:
-    """The timeslice exception a client raises for a `GRPCError`; `conflict` is the
-    class for FAILED_PRECONDITION (the orchestrator's client says `NotHolderError`)."""
-    if error.status is Status.FAILED_PRECONDITION:
-        cls: type[TimeSliceError] = conflict
-    else:
-        cls = _BY_STATUS.get(error.status, TimeSliceError)
-    result = cls(error.message or error.status.name)
-    result.status = error.status
-    return result
+    code = Code.INTERNAL
 
 
 # The names the v1alpha1 Python client raises, so that code written for it keeps
@@ -157,7 +152,7 @@ class JournalError(TimeSliceError):
     or written: not an SQLite file, another application's database, a newer schema,
     a full disk. The message is one line that says what to fix."""
 
-    status = Status.FAILED_PRECONDITION
+    code = Code.FAILED_PRECONDITION
 
 
 class JournalInUseError(JournalError):
@@ -168,4 +163,4 @@ class JournalClaimLostError(JournalError):
     """The journal's writer lost its claim (the connection that held it went away):
     another orchestrator may write the journal now, so this one must stop."""
 
-    status = Status.UNAVAILABLE
+    code = Code.UNAVAILABLE

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from timeslice.backends import OFFLOAD
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
@@ -25,6 +24,7 @@ from timeslice.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from timeslice.kinds import SuspendMode
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,12 @@ class Capabilities:
     """What a workload said it supports when it registered."""
 
     supported_modes: tuple[str, ...] = ()  # empty: no validation
-    default_mode: str = OFFLOAD
+    default_mode: str = SuspendMode.OFFLOAD.value
     tags: tuple[str, ...] = ()
 
     def resolve_mode(self, requested: str) -> str:
         """The mode a snapshot command carries: never unspecified."""
-        mode = requested or self.default_mode or OFFLOAD
+        mode = requested or self.default_mode or SuspendMode.OFFLOAD.value
         if self.supported_modes and mode not in self.supported_modes:
             raise InvalidArgumentError(
                 f"the workload supports {', '.join(self.supported_modes)}, not {mode}"

@@ -16,20 +16,43 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from timeslice.agent.config import AgentConfig
+from timeslice.agent.messages import job_status
+from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
-from timeslice.client._transport import backoff_delays, in_own_task, parse_target
+from timeslice.backends import AcceleratorMemory
+from timeslice.client._transport import backoff_delays, in_own_task
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
 from timeslice.fencing import new_key
+from timeslice.ids import parse_target
+from timeslice.kinds import Liveness
 
-if TYPE_CHECKING:
-    from timeslice.agent.server import Agent
+
+class Reporting(Protocol):
+    """What the link reports of the agent."""
+
+    config: AgentConfig
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def table(self) -> JobTable: ...
+
+    @property
+    def changed(self) -> asyncio.Event: ...
+
+    def liveness(self, job: Job) -> Liveness: ...
+
+    async def accelerators(self) -> list[AcceleratorMemory]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +67,7 @@ TOKEN_CHECK_TIMEOUT_SEC = 5.0
 class OrchestratorLink:
     """Keeps `agent` registered with the orchestrator at `target` while it runs."""
 
-    def __init__(self, agent: Agent, target: str) -> None:
+    def __init__(self, agent: Reporting, target: str) -> None:
         self.agent = agent
         self.target = target
         self._task: asyncio.Task[None] | None = None
@@ -143,15 +166,13 @@ class OrchestratorLink:
 
     def report(self) -> opb.AgentReport:
         """The agent as the orchestrator should see it now."""
-        from timeslice.agent.service import job_status  # noqa: PLC0415  (import cycle)
-
         agent, config = self.agent, self.agent.config
         jobs = []
         watched: set[int] = set()
         for job in agent.table.jobs.values():
             liveness = agent.liveness(job)
             jobs.append(job_status(job, liveness))
-            if liveness == "ALIVE":
+            if liveness is Liveness.ALIVE:
                 watched |= {int(c.removeprefix("pid:")) for c in job.claims if c.startswith("pid:")}
         self._watch(watched)
         return opb.AgentReport(

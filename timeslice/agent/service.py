@@ -5,43 +5,71 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import betterproto2
 import grpclib.const
 from grpclib.exceptions import GRPCError
 
 from timeslice.agent import state as st
-from timeslice.agent.channels import Capabilities, Command, Result, WorkloadChannel
-from timeslice.agent.state import Job, JobState, Operation, OpStatus
-from timeslice.agent.switching import BackendChoice, SwitchStep, switch_group
+from timeslice.agent.channels import Result, WorkloadChannel
+from timeslice.agent.config import AgentConfig
+from timeslice.agent.messages import (
+    JOB_STATE,
+    capabilities_of,
+    command_message,
+    job_status,
+    operation_response,
+    switch_step,
+)
+from timeslice.agent.state import Job, JobState
+from timeslice.agent.switching import BackendChoice, SwitchHost, switch_group
+from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
-from timeslice.api.serving import edge_mapping
-from timeslice.api.backend_config import MODE_NAME, backend_of
-from timeslice.backends import DISCARD, OFFLOAD
+from timeslice.api.serving import CallGate, edge_mapping
+from timeslice.backends import AcceleratorMemory, Backend
 from timeslice.errors import InvalidArgumentError, NotFoundError
-from timeslice.orchestrator.model import check_id
+from timeslice.ids import check_id
+from timeslice.kinds import Liveness, OpKind
 
-if TYPE_CHECKING:
-    from timeslice.agent.server import Agent
+
+class AgentApi(SwitchHost, Protocol):
+    """What the servicers call: the `Agent`'s methods, read and act."""
+
+    config: AgentConfig
+    gate: CallGate
+    backends: dict[str, Backend]
+    unavailable: dict[str, str]
+    stopping: asyncio.Event
+
+    @property
+    def serving(self) -> bool: ...
+
+    def liveness(self, job: Job) -> Liveness: ...
+
+    async def check_token(self, group: str, token: int, proof: bytes = b"") -> None: ...
+
+    async def reset(self, group: str, job: str, wait: float = 5.0) -> JobState: ...
+
+    async def accelerators(self) -> list[AcceleratorMemory]: ...
+
+    async def register(self, channel: WorkloadChannel, state: JobState) -> None: ...
+
+    def unregister(self, channel: WorkloadChannel, reason: str, deregistered: bool) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "snapshot_agent.v1alpha1.SnapshotAgentService"
 DEREGISTERED = "the workload deregistered (it closed its channel)"
 
-_MODE = {OFFLOAD: pb.SuspendMode.OFFLOAD, DISCARD: pb.SuspendMode.DISCARD}
-_JOB_STATE = {state: pb.JobState[state.value] for state in JobState}
-_OP_STATUS = {status: pb.OperationStatus[status.value] for status in OpStatus}
-
 
 class AgentService(pb.SnapshotAgentServiceBase):
     """`SnapshotAgentService` over an `Agent`."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentApi) -> None:
         self.agent = agent
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -55,7 +83,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         op_id = await self._start(st.RESTORE, message)
         return pb.RestoreResponse(operation_id=op_id)
 
-    async def _start(self, kind: str, message: pb.SnapshotRequest | pb.RestoreRequest) -> str:
+    async def _start(self, kind: OpKind, message: pb.SnapshotRequest | pb.RestoreRequest) -> str:
         backend, config, params = backend_of(message.backend_config, message.backend)
         if message.timeout_ms is not None and message.timeout_ms <= 0:
             raise InvalidArgumentError("timeout_ms must be positive")
@@ -105,7 +133,8 @@ class AgentService(pb.SnapshotAgentServiceBase):
             check_id("job_id", job.job_id)
             choice = None
             if job.backend_config is not None:
-                choice = BackendChoice(*backend_of(job.backend_config, pb.Backend.UNSPECIFIED))
+                backend, config, params = backend_of(job.backend_config, pb.Backend.UNSPECIFIED)
+                choice = BackendChoice(backend=backend, config=config, params=params)
             jobs[job.job_id] = choice
             if job.snapshot_timeout_ms < 0:
                 raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
@@ -122,9 +151,9 @@ class AgentService(pb.SnapshotAgentServiceBase):
             snapshot_limits,
         )
         return pb.SwitchGroupResponse(
-            steps=[_switch_step(step) for step in report.steps],
+            steps=[switch_step(step) for step in report.steps],
             restored=report.restored,
-            next_state=_JOB_STATE[report.next_state]
+            next_state=JOB_STATE[report.next_state]
             if report.next_state
             else pb.JobState.UNSPECIFIED,
             faulted=[job_status(job, self.agent.liveness(job)) for job in report.faulted],
@@ -133,7 +162,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
         state = await self.agent.reset(message.group, message.job_id)
-        return pb.ResetJobResponse(state=_JOB_STATE[state])
+        return pb.ResetJobResponse(state=JOB_STATE[state])
 
     async def workload_channel(
         self, messages: AsyncIterator[pb.WorkloadMessage]
@@ -187,79 +216,11 @@ class AgentService(pb.SnapshotAgentServiceBase):
         channel.close(reason or DEREGISTERED)
 
 
-_LIVENESS = {"": pb.Liveness.UNSPECIFIED, "ALIVE": pb.Liveness.ALIVE, "GONE": pb.Liveness.GONE}
-
-
-def job_status(job: Job, liveness: str) -> pb.JobStatus:
-    """A job of the table as the wire shows it."""
-    return pb.JobStatus(
-        job_id=job.job,
-        state=_JOB_STATE[job.state],
-        group=job.group,
-        backend=job.backend,
-        fault=job.fault,
-        operation_id=job.operation,
-        liveness=_LIVENESS[liveness],
-    )
-
-
-def _switch_step(step: SwitchStep) -> pb.SwitchStep:
-    op = step.op
-    if op is None:
-        return pb.SwitchStep(job_id=step.job, kind=step.kind, status=pb.OperationStatus.FAILED,
-                             error=step.error)  # fmt: skip
-    answer = operation_response(op)
-    return pb.SwitchStep(
-        job_id=step.job,
-        kind=step.kind,
-        operation_id=op.op_id,
-        status=answer.status,
-        error=answer.error,
-        storage_bytes=op.storage_bytes or 0,
-        device_bytes=op.device_bytes or 0,
-        elapsed_ms=answer.elapsed_ms,
-    )
-
-
-def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:
-    if not register.job_id:
-        raise InvalidArgumentError("register.job_id must not be empty")
-    caps = register.capabilities or pb.WorkloadCapabilities()
-    modes = tuple(MODE_NAME[m] for m in caps.supported_modes if MODE_NAME.get(m))
-    return Capabilities(modes, MODE_NAME.get(caps.default_mode) or OFFLOAD, tuple(caps.tags))
-
-
-def command_message(command: Command) -> pb.AgentCommand:
-    if command.kind == st.SNAPSHOT:
-        snapshot = pb.SnapshotCommand(mode=_MODE[command.mode], tags=list(command.tags))
-        return pb.AgentCommand(
-            command.command_id, snapshot=snapshot, deadline_ms=command.deadline_ms
-        )
-    restore = pb.RestoreCommand(tags=list(command.tags))
-    return pb.AgentCommand(command.command_id, restore=restore, deadline_ms=command.deadline_ms)
-
-
-def operation_response(op: Operation) -> pb.GetOperationResponse:
-    end = op.finished if op.finished is not None else time.time()
-    complete = op.status is OpStatus.COMPLETE
-    return pb.GetOperationResponse(
-        status=_OP_STATUS[op.status],
-        storage_bytes=op.storage_bytes if complete else None,
-        snapshot_device_bytes=op.device_bytes if complete else None,
-        elapsed_ms=round((end - op.started) * 1000),
-        error=op.error if op.status is OpStatus.FAILED else None,
-        job_id=op.job,
-        group=op.group,
-        kind=op.kind,
-        backend=op.backend,
-    )
-
-
 class HealthService(health.HealthBase):
     """The standard health service: SERVING while the agent serves; a backend's name
     as the service asks whether that backend is available."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentApi) -> None:
         self.agent = agent
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

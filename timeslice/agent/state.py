@@ -38,12 +38,10 @@ claims (its processes, say) belong to one job only.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from copy import deepcopy
 from itertools import islice
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from timeslice.errors import (
     AlreadyExistsError,
@@ -53,206 +51,66 @@ from timeslice.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
-from timeslice.orchestrator.model import check_id
+from timeslice.agent.events import (
+    RESTORE,
+    SNAPSHOT,
+    AwaitOperations,
+    Cancel,
+    Done,
+    Effect,
+    Event,
+    Finish,
+    Forget,
+    Job,
+    JobState,
+    Lost,
+    Operation,
+    OpStatus,
+    PlanSwitch,
+    Reconcile,
+    Reconciled,
+    Recover,
+    Register,
+    Reset,
+    Run,
+    Start,
+    StartOperations,
+    SwitchEnded,
+    SwitchStage,
+    Tick,
+)
+from timeslice.ids import check_id
+from timeslice.kinds import OpKind
 
-SNAPSHOT: Final = "snapshot"
-RESTORE: Final = "restore"
-
-
-class JobState(enum.Enum):
-    """A job's context state, named as on the wire."""
-
-    IDLE = "IDLE"
-    RUNNING = "RUNNING"
-    TRANSITIONING = "TRANSITIONING"
-    SAVED = "SAVED"
-    FAULTED = "FAULTED"
-
-
-class OpStatus(enum.Enum):
-    """An operation's status, named as on the wire."""
-
-    PENDING = "PENDING"
-    COMPLETE = "COMPLETE"
-    FAILED = "FAILED"
-
-
-# --- events ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Register:
-    """A job becomes known with `backend`, or comes back (a workload that reconnected)."""
-
-    now: float
-    group: str
-    job: str
-    backend: str
-    config: dict[str, Any]
-    claims: tuple[str, ...] = ()
-    state: JobState = JobState.RUNNING
-
-
-@dataclass(frozen=True)
-class Start:
-    """Start a snapshot or restore. `backend`/`config` name the job's backend when
-    the job is not known yet (or must match it when it is)."""
-
-    now: float
-    kind: str
-    group: str
-    job: str
-    timeout: float
-    token: int = 0
-    backend: str | None = None
-    config: dict[str, Any] | None = None
-    claims: tuple[str, ...] = ()
-    params: dict[str, Any] = field(default_factory=dict)  # this operation's own (mode, tags)
-
-
-@dataclass(frozen=True)
-class Finish:
-    """The backend finished operation `op_id`."""
-
-    now: float
-    op_id: str
-    ok: bool
-    storage_bytes: int | None = None
-    device_bytes: int | None = None
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class Lost:
-    """The job's workload went away (its channel closed, its process ended)."""
-
-    now: float
-    group: str
-    job: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Forget:
-    """The job's workload said goodbye: the job leaves the table (or, if an
-    operation is moving it, is marked lost)."""
-
-    now: float
-    group: str
-    job: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Reset:
-    """An operator clears the job's fault."""
-
-    now: float
-    group: str
-    job: str
-
-
-@dataclass(frozen=True)
-class Reconciled:
-    """The backend says where the job's context is (None: it cannot tell)."""
-
-    now: float
-    group: str
-    job: str
-    state: JobState | None
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Recover:
-    """The agent started on its saved table."""
-
-    now: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed: operations past their deadline fail; old ones are forgotten."""
-
-    now: float
-
-
-Event = Register | Start | Finish | Lost | Forget | Reset | Reconciled | Recover | Tick
-
-# --- effects --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Run:
-    """Run operation `op_id` through its backend."""
-
-    op_id: str
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Stop running operation `op_id` (its deadline passed)."""
-
-    op_id: str
-
-
-@dataclass(frozen=True)
-class Done:
-    """Operation `op_id` finished: wake whoever waits for it."""
-
-    op_id: str
-
-
-@dataclass(frozen=True)
-class Reconcile:
-    """Ask the job's backend where its context is."""
-
-    group: str
-    job: str
-
-
-Effect = Run | Cancel | Done | Reconcile
-
-# --- the table ------------------------------------------------------------------------
-
-
-@dataclass
-class Job:
-    """One job's context on this node."""
-
-    group: str
-    job: str
-    backend: str
-    config: dict[str, Any]
-    claims: list[str]
-    state: JobState
-    since: float
-    fault: str = ""
-    operation: str = ""  # the running or last operation
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.group, self.job)
-
-
-@dataclass
-class Operation:
-    """One snapshot or restore."""
-
-    op_id: str
-    kind: str
-    group: str
-    job: str
-    backend: str
-    params: dict[str, Any]
-    started: float
-    deadline: float
-    status: OpStatus = OpStatus.PENDING
-    finished: float | None = None
-    storage_bytes: int | None = None
-    device_bytes: int | None = None
-    error: str = ""
-    token: int = 0  # the fencing token it was started with
+__all__ = [
+    "RESTORE",
+    "SNAPSHOT",
+    "AwaitOperations",
+    "Cancel",
+    "Done",
+    "Effect",
+    "Event",
+    "Finish",
+    "Forget",
+    "Job",
+    "JobState",
+    "JobTable",
+    "Lost",
+    "Operation",
+    "OpStatus",
+    "PlanSwitch",
+    "Reconcile",
+    "Reconciled",
+    "Recover",
+    "Register",
+    "Reset",
+    "Run",
+    "Start",
+    "StartOperations",
+    "SwitchEnded",
+    "SwitchStage",
+    "Tick",
+]
 
 
 class JobTable:
@@ -295,6 +153,8 @@ class JobTable:
                 return self._recover(event)
             case Tick():
                 return self._tick(event)
+            case PlanSwitch():
+                return self._plan_switch(event)
         raise TypeError(f"not an event: {event!r}")
 
     # --- lookups ----------------------------------------------------------------------
@@ -342,13 +202,13 @@ class JobTable:
         if existing is None:
             self._admit()
         self.jobs[(e.group, e.job)] = Job(
-            e.group,
-            e.job,
-            e.backend,
-            dict(e.config),
-            list(dict.fromkeys(e.claims)),
-            e.state,
-            e.now,
+            group=e.group,
+            job=e.job,
+            backend=e.backend,
+            config=dict(e.config),
+            claims=list(dict.fromkeys(e.claims)),
+            state=e.state,
+            since=e.now,
             operation=existing.operation if existing else "",
         )
         return []
@@ -373,8 +233,8 @@ class JobTable:
             if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
                 raise AlreadyExistsError(taken)
             self._admit()
-            job = Job(e.group, e.job, e.backend, dict(e.config or {}), list(dict.fromkeys(e.claims)),
-                      JobState.RUNNING, e.now)  # fmt: skip
+            job = Job(group=e.group, job=e.job, backend=e.backend, config=dict(e.config or {}), claims=list(dict.fromkeys(e.claims)),
+                      state=JobState.RUNNING, since=e.now)  # fmt: skip
         elif e.backend is not None and e.backend != job.backend:
             raise ConflictError(f"job {e.job} is known by backend {job.backend}, not {e.backend}")
         needed = JobState.RUNNING if e.kind == SNAPSHOT else JobState.SAVED
@@ -387,14 +247,14 @@ class JobTable:
         if e.token:
             self.tokens[e.group] = e.token
         op = Operation(
-            f"op-{self.next_op}", e.kind, job.group, job.job, job.backend, dict(e.params),
-            e.now, e.now + e.timeout, token=e.token,
+            op_id=f"op-{self.next_op}", kind=e.kind, group=job.group, job=job.job, backend=job.backend, params=dict(e.params),
+            started=e.now, deadline=e.now + e.timeout, token=e.token,
         )  # fmt: skip
         self.next_op += 1
         self.operations[op.op_id] = op
         self.jobs[job.key] = job
         job.state, job.since, job.operation, job.fault = JobState.TRANSITIONING, e.now, op.op_id, ""
-        return [Run(op.op_id)]
+        return [Run(op_id=op.op_id)]
 
     def _finish(self, e: Finish) -> list[Effect]:
         op = self.operations.get(e.op_id)
@@ -411,7 +271,7 @@ class JobTable:
             else:
                 job.state, job.fault = JobState.FAULTED, f"{op.kind} {op.op_id} failed: {op.error}"
             job.since = e.now
-        return [Done(op.op_id)]
+        return [Done(op_id=op.op_id)]
 
     def _lost(self, e: Lost) -> list[Effect]:
         job = self.jobs.get((e.group, e.job))
@@ -421,8 +281,8 @@ class JobTable:
         if job.state is JobState.TRANSITIONING:
             # Its operation cannot finish without the workload; fail it now, or a workload
             # that comes back could be moved by a second operation while this one runs.
-            failed = Finish(e.now, job.operation, False, error=reason)
-            return [Cancel(job.operation), *self._finish(failed)]
+            failed = Finish(now=e.now, op_id=job.operation, ok=False, error=reason)
+            return [Cancel(op_id=job.operation), *self._finish(failed)]
         job.state, job.fault, job.since = JobState.FAULTED, reason, e.now
         return []
 
@@ -431,7 +291,7 @@ class JobTable:
         if job is None:
             return []
         if job.state is JobState.TRANSITIONING:
-            return self._lost(Lost(e.now, e.group, e.job, e.reason))
+            return self._lost(Lost(now=e.now, group=e.group, job=e.job, reason=e.reason))
         del self.jobs[job.key]
         return []
 
@@ -443,7 +303,7 @@ class JobTable:
         if job.state is not JobState.FAULTED:
             raise ConflictError(f"job {e.job} is {job.state.value}, not FAULTED")
         job.state, job.fault, job.since = JobState.IDLE, "", e.now
-        return [Reconcile(job.group, job.job)]
+        return [Reconcile(group=job.group, job=job.job)]
 
     def _reconciled(self, e: Reconciled) -> list[Effect]:
         if e.state not in (None, JobState.RUNNING, JobState.SAVED):
@@ -471,7 +331,7 @@ class JobTable:
                 job.state, job.since = JobState.FAULTED, e.now
                 job.fault = f"{job.operation} was interrupted by an agent restart"
             elif job.state is not JobState.FAULTED:
-                effects.append(Reconcile(job.group, job.job))
+                effects.append(Reconcile(group=job.group, job=job.job))
         return effects
 
     def _pending(self) -> list[Operation]:
@@ -485,9 +345,12 @@ class JobTable:
             if op.deadline <= e.now:
                 took = op.deadline - op.started
                 failed = Finish(
-                    e.now, op.op_id, False, error=f"deadline exceeded after {took:.1f} s"
+                    now=e.now,
+                    op_id=op.op_id,
+                    ok=False,
+                    error=f"deadline exceeded after {took:.1f} s",
                 )
-                cancels.append(Cancel(op.op_id))
+                cancels.append(Cancel(op_id=op.op_id))
                 dones += self._finish(failed)
         while self._finished:
             oldest = self.operations[next(iter(self._finished))]
@@ -504,6 +367,58 @@ class JobTable:
             oldest = self.operations[next(iter(self._finished))]
             times.append((oldest.finished or 0.0) + self.op_retention)
         return min(times, default=None)
+
+    # --- a switch's plan --------------------------------------------------------------
+
+    def _members(self, group: str, named: tuple[str, ...]) -> list[Job]:
+        """The group's jobs on this node: those registered in it, and those registered
+        without a group that the orchestrator names as the group's."""
+        return [
+            j for j in self.jobs.values() if j.group == group or (not j.group and j.job in named)
+        ]
+
+    def _plan_switch(self, e: PlanSwitch) -> list[Effect]:
+        members = self._members(e.group, e.jobs)
+        match e.stage:
+            case SwitchStage.SETTLE:
+                newest = self.tokens.get(e.group, 0)
+                if e.token < newest:
+                    raise LeaseLostError(
+                        f"stale fencing token {e.token} for group {e.group!r} (newest seen {newest})"
+                    )
+                moving = tuple(j.operation for j in members if j.state is JobState.TRANSITIONING)
+                return [AwaitOperations(op_ids=moving)]
+            case SwitchStage.EVICT:
+                live = [j.job for j in members if j.state is JobState.RUNNING and j.job != e.job]
+                # A job registered with a backend but not known here yet (a plain
+                # process never moved) holds its context on the accelerators.
+                live += [
+                    job for job in e.registered if job != e.job and self.find(e.group, job) is None
+                ]
+                return [StartOperations(kind=SNAPSHOT, jobs=tuple(dict.fromkeys(live)))]
+            case SwitchStage.RESTORE:
+                target = self.find(e.group, e.job) if e.job else None
+                saved = target is not None and target.state is JobState.SAVED
+                return [StartOperations(kind=RESTORE, jobs=(e.job,) if saved else ())]
+            case SwitchStage.REPORT:
+                target = self.find(e.group, e.job) if e.job else None
+                op = self.operations.get(target.operation) if target is not None else None
+                restored = (
+                    target is not None
+                    and target.state is JobState.RUNNING
+                    and op is not None
+                    and op.kind == RESTORE
+                    and op.token == e.token
+                    and op.status is OpStatus.COMPLETE
+                )
+                faulted = tuple(j.key for j in members if j.state is JobState.FAULTED)
+                ended = SwitchEnded(
+                    restored=restored,
+                    next_state=target.state if target is not None else None,
+                    faulted=faulted,
+                )
+                return [ended]
+        raise TypeError(f"not a switch stage: {e.stage!r}")
 
     # --- checks and persistence -------------------------------------------------------
 
@@ -557,7 +472,7 @@ class JobTable:
             job = Job(**{**jd, "state": JobState(jd["state"])})
             table.jobs[job.key] = job
         for od in data["operations"]:
-            op = Operation(**{**od, "status": OpStatus(od["status"])})
+            op = Operation(**{**od, "status": OpStatus(od["status"]), "kind": OpKind(od["kind"])})
             table.operations[op.op_id] = op
         done = [op for op in table.operations.values() if op.status is not OpStatus.PENDING]
         for op in sorted(done, key=lambda o: o.finished or 0.0):

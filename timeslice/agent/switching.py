@@ -2,7 +2,10 @@
 next holder's in.
 
 The orchestrator sends one `SwitchGroup` per node when a group changes hands. The
-agent works from its own job table, which says where each context really is, so
+agent works from its own job table, which says where each context really is and
+decides each stage (`JobTable` answers `PlanSwitch`: what to wait for, what to
+snapshot, whether to restore, whether it restored); this module only carries the
+stages out, one after the other, under the group's switch lock. So
 the same request sent again (after an orchestrator restart, say) finishes what
 is left and changes nothing that is done: a switch is idempotent. Each step is
 an ordinary operation of the table, started with the group's fencing token and
@@ -24,20 +27,47 @@ reset leaves it FAULTED, its state unknown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from timeslice.agent import state as st
-from timeslice.agent.state import Job, JobState, Operation, OpStatus
-from timeslice.errors import LeaseLostError, TimeSliceError
-
-if TYPE_CHECKING:
-    from timeslice.agent.server import Agent
+from timeslice.agent.state import Job, JobState, JobTable, Operation
+from timeslice.errors import TimeSliceError
+from timeslice.kinds import OpKind
 
 
-@dataclass(frozen=True)
+class SwitchHost(Protocol):
+    """What a switch needs of the agent."""
+
+    @property
+    def table(self) -> JobTable: ...
+
+    def switch_lock(self, group: str) -> contextlib.AbstractAsyncContextManager[Any]: ...
+
+    async def start_operation(
+        self,
+        kind: OpKind,
+        group: str,
+        job: str,
+        *,
+        backend: str | None = None,
+        config: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        token: int = 0,
+        timeout: float | None = None,
+    ) -> str: ...
+
+    async def operation(self, op_id: str, wait: float = 0.0) -> Operation: ...
+
+    async def ended(self, op_id: str, wait: float) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class BackendChoice:
     """The backend a job registered with the orchestrator: name, job config and
     operation parameters, as `backend_of` decodes them."""
@@ -47,17 +77,17 @@ class BackendChoice:
     params: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwitchStep:
     """One operation the switch ran (or tried to start: then `op` is None)."""
 
     job: str
-    kind: str
+    kind: OpKind
     op: Operation | None
     error: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwitchReport:
     """What a switch did on this node, and where it left the group's jobs."""
 
@@ -68,7 +98,7 @@ class SwitchReport:
 
 
 async def switch_group(
-    agent: Agent,
+    host: SwitchHost,
     group: str,
     next_job: str,
     token: int,
@@ -82,81 +112,55 @@ async def switch_group(
     `snapshot_limits` the seconds a job's snapshot may take at most, for jobs
     whose snapshot must end before the switch's deadline."""
     deadline = time.time() + timeout
-    async with agent.switch_lock(group):
-        newest = agent.table.tokens.get(group, 0)
-        if token < newest:
-            raise LeaseLostError(
-                f"stale fencing token {token} for group {group!r} (newest seen {newest})"
+    named = tuple(jobs)
+    registered = tuple(j for j, c in jobs.items() if c is not None and c.backend is not None)
+
+    def plan(stage: st.SwitchStage) -> st.Effect:
+        [step] = host.table.handle(
+            st.PlanSwitch(
+                now=time.time(),
+                group=group,
+                job=next_job,
+                token=token,
+                stage=stage,
+                jobs=named,
+                registered=registered,
             )
-        await _settle(agent, group, jobs, deadline)
-        steps = await _evict(agent, group, next_job, token, jobs, deadline, snapshot_limits or {})
-        target = agent.table.find(group, next_job) if next_job else None
-        if target is not None and target.state is JobState.SAVED:
-            choice = jobs.get(next_job)
-            steps += await _run_all(agent, group, st.RESTORE, {next_job: choice}, token, deadline)
-            target = agent.table.find(group, next_job)
-        # The snapshots' ends are saved with the restore's start (one write for both);
-        # nothing is answered before all of it is saved.
-        await agent.flush()
-    restored = False
-    if target is not None:
-        op = agent.table.operations.get(target.operation)
-        restored = (
-            target.state is JobState.RUNNING
-            and op is not None
-            and op.kind == st.RESTORE
-            and op.token == token
-            and op.status is OpStatus.COMPLETE
         )
-    faulted = [j for j in _members(agent, group, jobs) if j.state is JobState.FAULTED]
-    return SwitchReport(steps, restored, target.state if target else None, faulted)
+        return step
 
-
-def _members(agent: Agent, group: str, jobs: Mapping[str, object]) -> list[Job]:
-    """The group's jobs on this node: those registered in it, and those registered
-    without a group that the orchestrator names as the group's."""
-    return [
-        j
-        for j in agent.table.jobs.values()
-        if j.group == group or (j.group == "" and j.job in jobs)
-    ]
-
-
-async def _settle(agent: Agent, group: str, jobs: Mapping[str, object], deadline: float) -> None:
-    """Wait for operations already moving the group's jobs (a switch sent before
-    an orchestrator restart, a caller's own snapshot) to finish."""
-    for job in _members(agent, group, jobs):
-        if job.state is JobState.TRANSITIONING:
-            await agent.operation(job.operation, max(0.0, deadline - time.time()))
-
-
-async def _evict(
-    agent: Agent,
-    group: str,
-    next_job: str,
-    token: int,
-    jobs: Mapping[str, BackendChoice | None],
-    deadline: float,
-    limits: Mapping[str, float],
-) -> list[SwitchStep]:
-    live = {
-        j.job: jobs.get(j.job)
-        for j in _members(agent, group, jobs)
-        if j.state is JobState.RUNNING and j.job != next_job
-    }
-    # A job registered with a backend but not known here yet (a plain process
-    # never moved) holds its context on the accelerators from its start.
-    for job, choice in jobs.items():
-        if job != next_job and choice is not None and choice.backend is not None:
-            if agent.table.find(group, job) is None:
-                live[job] = choice
-    return await _run_all(agent, group, st.SNAPSHOT, live, token, deadline, limits)
+    steps: list[SwitchStep] = []
+    async with host.switch_lock(group):
+        for stage in st.SwitchStage:
+            match plan(stage):
+                case st.AwaitOperations(op_ids=op_ids):
+                    for op_id in op_ids:
+                        await host.operation(op_id, max(0.0, deadline - time.time()))
+                case st.StartOperations(kind=kind, jobs=to_move):
+                    limits = (snapshot_limits or {}) if kind is st.SNAPSHOT else {}
+                    choices = {job: jobs.get(job) for job in to_move}
+                    steps += await _run_all(host, group, kind, choices, token, deadline, limits)
+                case st.SwitchEnded() as ended:
+                    faulted = [host.table.jobs[key] for key in ended.faulted]
+                    return SwitchReport(
+                        steps=steps,
+                        restored=ended.restored,
+                        next_state=ended.next_state,
+                        faulted=faulted,
+                    )
+                case other:
+                    raise TypeError(f"not a switch step: {other!r}")
+            if stage is st.SwitchStage.RESTORE:
+                # The snapshots' ends are saved with the restore's start (one write
+                # for both); nothing is answered before all of it is saved.
+                await host.flush()
+    raise AssertionError("a switch plan ends with its report")
 
 
 async def _run_all(
-    agent: Agent,
+    host: SwitchHost,
     group: str,
-    kind: str,
+    kind: OpKind,
     jobs: Mapping[str, BackendChoice | None],
     token: int,
     deadline: float,
@@ -166,7 +170,7 @@ async def _run_all(
     in `limits` has its operation bounded by that many seconds too."""
     limits = limits or {}
     starts = [
-        _start(agent, group, kind, job, choice, token, deadline, limits.get(job))
+        _start(host, group, kind, job, choice, token, deadline, limits.get(job))
         for job, choice in jobs.items()
     ]
     # One job starts right here, in this turn of the loop: a restore started as the
@@ -174,17 +178,19 @@ async def _run_all(
     started = [await starts[0]] if len(starts) == 1 else await asyncio.gather(*starts)
     for step in started:
         if step.op is not None:
-            await agent.ended(step.op.op_id, max(0.0, deadline - time.time()))
+            await host.ended(step.op.op_id, max(0.0, deadline - time.time()))
     return [
-        SwitchStep(s.job, s.kind, agent.table.operations.get(s.op.op_id, s.op)) if s.op else s
+        SwitchStep(job=s.job, kind=s.kind, op=host.table.operations.get(s.op.op_id, s.op))
+        if s.op
+        else s
         for s in started
     ]
 
 
 async def _start(
-    agent: Agent,
+    host: SwitchHost,
     group: str,
-    kind: str,
+    kind: OpKind,
     job: str,
     choice: BackendChoice | None,
     token: int,
@@ -193,14 +199,14 @@ async def _start(
 ) -> SwitchStep:
     left = deadline - time.time()
     if left <= 0:
-        return SwitchStep(job, kind, None, "the switch's deadline passed first")
+        return SwitchStep(job=job, kind=kind, op=None, error="the switch's deadline passed first")
     # The operation's own deadline, not a wait: the table fails it when it passes
     # (and cancels the backend's call), whether or not the backend ever answers.
     if limit is not None:
         left = min(left, limit)
-    known = agent.table.find(group, job) is not None
+    known = host.table.find(group, job) is not None
     try:
-        op_id = await agent.start_operation(
+        op_id = await host.start_operation(
             kind,
             group,
             job,
@@ -212,5 +218,5 @@ async def _start(
             timeout=left,
         )
     except TimeSliceError as exc:
-        return SwitchStep(job, kind, None, exc.message or type(exc).__name__)
-    return SwitchStep(job, kind, agent.table.operations[op_id])
+        return SwitchStep(job=job, kind=kind, op=None, error=exc.message or type(exc).__name__)
+    return SwitchStep(job=job, kind=kind, op=host.table.operations[op_id])

@@ -41,7 +41,8 @@ from timeslice.api.connections import (
     warn_if_files_run_short,
 )
 from timeslice.api.wire import decode_strict
-from timeslice.errors import TimeSliceError, UnavailableError, to_grpc_error
+from timeslice.api.status import to_grpc_error
+from timeslice.errors import TimeSliceError, UnavailableError
 
 _T = TypeVar("_T")
 

@@ -17,18 +17,17 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
+from timeslice.agent.channels import WorkloadChannels
 from timeslice.errors import ConflictError, InvalidArgumentError
-
-if TYPE_CHECKING:
-    from timeslice.agent.channels import WorkloadChannels
+from timeslice.kinds import SuspendMode
 
 ENTRY_POINT_GROUP: Final = "timeslice.backends"
 
 # Suspend modes, as backends and workloads name them.
-OFFLOAD: Final = "offload"
-DISCARD: Final = "discard"
+OFFLOAD: Final[str] = SuspendMode.OFFLOAD.value
+DISCARD: Final[str] = SuspendMode.DISCARD.value
 
 
 @dataclass(frozen=True)

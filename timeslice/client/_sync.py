@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.client._bridge import LoopThread, OnAccelerators, run_blocking
 from timeslice.client._leases import LeaseLostCallback
-from timeslice.client._transport import parse_target
 from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestratorClient
 from timeslice.client.types import (
     AcquireResult,
@@ -25,6 +24,7 @@ from timeslice.client.types import (
     WatchEvent,
     YieldResult,
 )
+from timeslice.ids import parse_target
 
 T = TypeVar("T")
 

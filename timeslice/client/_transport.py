@@ -5,77 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from timeslice.api.status import from_grpc_error
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
-    InvalidArgumentError,
     TimeSliceError,
     UnavailableError,
-    from_grpc_error,
 )
 
 T = TypeVar("T")
 
 FIRST_BACKOFF_SEC = 0.05
 MAX_BACKOFF_SEC = 1.0
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a server listens: a TCP host and port, or a Unix socket path."""
-
-    host: str | None = None
-    port: int | None = None
-    path: str | None = None
-
-
-def parse_target(target: str) -> Target:
-    """Reads `"host:port"`, `"[ipv6]:port"` or `"unix:/path"`.
-
-    Raises `InvalidArgumentError` for anything else.
-    """
-    text = target.strip()
-    if text.startswith("unix:"):
-        path = text.removeprefix("unix:")
-        if path.startswith("//"):
-            path = path[2:]
-        if not path:
-            raise InvalidArgumentError(f"target {target!r}: the Unix socket path is empty")
-        return Target(path=path)
-    if text.startswith("["):
-        inside, bracket, rest = text[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise InvalidArgumentError(f"target {target!r}: expected '[ipv6]:port'")
-        try:
-            ipaddress.IPv6Address(inside)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"target {target!r}: {inside!r} is not an IPv6 address"
-            ) from None
-        return Target(host=inside, port=_parse_port(target, rest[1:]))
-    host, colon, port = text.rpartition(":")
-    if not colon or not host:
-        raise InvalidArgumentError(f"target {target!r}: expected 'host:port'")
-    if any(c.isspace() or c in "/@?#" for c in host):
-        raise InvalidArgumentError(f"target {target!r}: {host!r} is not a host name")
-    if ":" in host:
-        raise InvalidArgumentError(
-            f"target {target!r}: write an IPv6 address in brackets, as '[{host}]:{port}'"
-        )
-    return Target(host=host, port=_parse_port(target, port))
-
-
-def _parse_port(target: str, text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise InvalidArgumentError(f"target {target!r}: port {text!r} is not in 1..65535")
-    return int(text)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from grpclib.client import Channel
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.client._bridge import LoopThread
-from timeslice.client._transport import call_with_retry, in_own_task, map_errors, parse_target
+from timeslice.client._transport import call_with_retry, in_own_task, map_errors
 from timeslice.client.agent_types import (
     OPERATION_COMPLETE,
     OPERATION_FAILED,
@@ -49,6 +49,7 @@ from timeslice.errors import (
     InvalidArgumentError,
     TimeSliceError,
 )
+from timeslice.ids import parse_target
 
 R = TypeVar("R")
 

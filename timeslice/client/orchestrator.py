@@ -27,7 +27,6 @@ from timeslice.client._transport import (
     in_own_task,
     map_errors,
     own_tasks,
-    parse_target,
 )
 from timeslice.client.types import (
     AcquireResult,
@@ -44,6 +43,7 @@ from timeslice.client.types import (
     yield_result,
 )
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError, NotHolderError
+from timeslice.ids import parse_target
 
 R = TypeVar("R")
 

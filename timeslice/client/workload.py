@@ -35,8 +35,9 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from timeslice.api.bounds import MAX_TEXT_BYTES, cap
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.api.status import from_grpc_error
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.client._transport import in_own_task, parse_target
+from timeslice.client._transport import in_own_task
 from timeslice.client._bridge import LoopThread
 from timeslice.client.adapters import (
     Capabilities,
@@ -49,8 +50,8 @@ from timeslice.errors import (
     InvalidArgumentError,
     TimeSliceError,
     UnavailableError,
-    from_grpc_error,
 )
+from timeslice.ids import parse_target
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 
 from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.client.agent_types import StatusResponse
-from timeslice.client._transport import parse_target
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
+from timeslice.ids import parse_target
+from timeslice.kinds import Liveness
 
 # How long a status question to one agent may take before it counts as unreachable.
 STATUS_TIMEOUT = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AgentJobView:
     """One agent's word on one job: its state as named on the wire ("SAVED", ...)."""
 
@@ -45,7 +46,7 @@ class AgentDirectory:
         # every agent in session now.
         self.addresses: dict[str, str] = {}
         self.accelerators: dict[str, dict[str, int]] = {}
-        self._liveness: dict[str, dict[tuple[str, str], str]] = {}
+        self._liveness: dict[str, dict[tuple[str, str], Liveness]] = {}
         self._sessions: dict[str, object] = {}
         # Node name -> the key its agent checks the tokens of switches with.
         self._token_keys: dict[str, bytes] = {}
@@ -56,7 +57,7 @@ class AgentDirectory:
         session: object,
         node: str,
         address: str,
-        liveness: dict[tuple[str, str], str],
+        liveness: dict[tuple[str, str], Liveness],
         accelerators: dict[str, int],
         token_key: bytes = b"",
     ) -> None:
@@ -99,13 +100,13 @@ class AgentDirectory:
 
         await asyncio.gather(*(reset_one(address) for address in addresses))
 
-    def liveness(self, node: str, group: str, job: str) -> str:
-        """What the agent of `node` (a node name or its address) last said of the job:
-        "ALIVE", "GONE", or "" (no signal, or no agent in session)."""
+    def liveness(self, node: str, group: str, job: str) -> Liveness:
+        """What the agent of `node` (a node name or its address) last said of the job
+        (UNKNOWN: no signal, or no agent in session)."""
         if node not in self._liveness:
             node = next((n for n, a in self.addresses.items() if a == node), node)
         seen = self._liveness.get(node, {})
-        return seen.get((group, job)) or seen.get(("", job), "")
+        return seen.get((group, job)) or seen.get(("", job), Liveness.UNKNOWN)
 
     def address(self, node: str, registered: Mapping[str, str]) -> str | None:
         """Where the agent of `node` is reached: as it says in session now, as it
@@ -156,7 +157,9 @@ class AgentDirectory:
             if isinstance(answer, StatusResponse):
                 agent = answer.node_name or address
                 views += [
-                    AgentJobView(agent, job.job_id, job.state.removeprefix("JOB_STATE_"))
+                    AgentJobView(
+                        agent=agent, job=job.job_id, state=job.state.removeprefix("JOB_STATE_")
+                    )
                     for job in answer.job_statuses
                     if job.group in (group, "")
                 ]

@@ -5,22 +5,71 @@ is journaled before its effects are acted on, and a restart folds the journal
 through the same `handle`, so an event carries everything the table needs,
 its own `now` included: the table never reads a clock.
 
+Each event type says whether it is journaled (`journaling`): a KeepAlive
+never is (it only moves an expiry, and every start gives each holder a fresh
+lease anyway), and the events the shell sends on a timer or a report (a
+revocation, a wait limit, a switch's end) only when they changed the table:
+one that finds its grant already ended leaves nothing to replay.
+
 Effects are what the shell must do after the journal write: answer a waiting
 call, tell watchers. They are never journaled.
+
+Events and effects are frozen and keyword-only: `Granted(group="g", job="a", ...)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
+
+from timeslice.kinds import Liveness
+
+
+class Reason(enum.StrEnum):
+    """Why a waiter left a queue or a grant ended without a yield, as the wire and
+    the journal spell it."""
+
+    CANCELLED = "cancelled"
+    WAIT_TIMEOUT = "wait timeout"
+    NOT_RECLAIMED = "not reclaimed after restart"
+    LEASE_EXPIRED = "lease expired"
+    HOLD_LIMIT = "hold limit reached"
+    NOT_DELIVERED = "grant not delivered"
+    OPERATOR = "released by operator"
+    QUARANTINED = "quarantined"
+    HOLDER_GONE = "the holder's workload is gone"
+    SWITCH_FAILED = "switch failed"
+
+
+class Policy(enum.StrEnum):
+    """How a group picks its next holder among its waiters (see `policies`)."""
+
+    FIFO = "fifo"  # the earliest queued
+    LRS = "lrs"  # least recently served first
+    PRIORITY = "priority"  # highest first, with aging
+
+
+class Journaling(enum.Enum):
+    """Whether an event type is journaled."""
+
+    ALWAYS = "always"
+    IF_CHANGED = "if it changed the table"  # it had effects: else it changed nothing
+    NEVER = "never"
+
+
+# The `group` of a setting that holds for every group without one of its own.
+EVERY_GROUP: Final = ""
 
 # --- events ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Acquire:
     """`job` asks for `group`'s lock. `call_id` names this one waiting call."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
@@ -33,9 +82,11 @@ class Acquire:
     more_groups: tuple[str, ...] = ()  # granted together with `group`, all or none
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Yield:
     """The holder gives the lock back."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
@@ -44,10 +95,11 @@ class Yield:
     token: int | None = None  # when set, must be the current grant's
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeepAlive:
-    """The holder renews its lease. Not journaled: it only moves an expiry, and
-    every start gives each holder a fresh lease anyway."""
+    """The holder renews its lease."""
+
+    journaling: ClassVar[Journaling] = Journaling.NEVER
 
     now: float
     group: str
@@ -55,32 +107,38 @@ class KeepAlive:
     lease_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DropWaiter:
     """A waiting call left: cancelled, timed out, or never came back after a start."""
+
+    journaling: ClassVar[Journaling] = Journaling.IF_CHANGED
 
     now: float
     group: str
     job: str
     call_id: str
-    reason: str
+    reason: Reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Revoke:
     """The grant `token` ends without a yield: lease expired, hold limit, or a
     grant whose answer could not be delivered."""
 
+    journaling: ClassVar[Journaling] = Journaling.IF_CHANGED
+
     now: float
     group: str
     token: int
-    reason: str
+    reason: Reason
     call_id: str = ""  # when set, only if the grant still belongs to this call
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ForceRelease:
     """An operator takes the lock away (from `job` only, when set)."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
@@ -88,11 +146,14 @@ class ForceRelease:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SetHoldLimit:
-    """Configures the longest a holder may keep `group` (None: no limit). With a
+    """Configures the longest a holder may keep `group` (`EVERY_GROUP`: each without
+    a limit of its own; None: no limit). With a
     `grace`, the holder is first asked to yield at the limit, and revoked only
     `grace` seconds later."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
@@ -100,51 +161,60 @@ class SetHoldLimit:
     grace: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestYield:
     """The holder of grant `token` reached its hold limit: ask it to yield."""
+
+    journaling: ClassVar[Journaling] = Journaling.IF_CHANGED
 
     now: float
     group: str
     token: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SetPolicy:
-    """Configures how `group` picks its next holder among its waiters ("" group: the
-    default for every group): "fifo", "lrs" (least recently served first) or
-    "priority" (highest first; every `aging` seconds waited adds one, so that no
-    waiter starves)."""
+    """Configures how `group` (`EVERY_GROUP`: each without a policy of its own)
+    picks its next holder among its waiters; under `Policy.PRIORITY` every `aging`
+    seconds waited adds one, so that no waiter starves."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
-    policy: str
+    policy: Policy
     aging: float = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SetGroupNodes:
     """Names the nodes (agents) `group` spans: a grant on it first switches the
     contexts on every one of them."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
     nodes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RegisterAgent:
     """The agent of `node` is reached at `address`."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     node: str
     address: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SetJobBackend:
     """The backend `job`'s contexts need on `group`'s nodes (on `node` only, when
     set); sent to the agents with every switch. `backend` None forgets it."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
@@ -153,13 +223,15 @@ class SetJobBackend:
     backend: dict[str, Any] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwitchDone:
     """The agents finished the switch that grant `token` started (at `began`): every
     other live context of the group is saved and the holder's is live (`restored`
     when a restore brought it back), or the switch failed (`error`). `faults` are
     the jobs the agents quarantined on the way, with why. `steps` say what each
     node did: (node, job, "snapshot" or "restore", seconds, bytes moved)."""
+
+    journaling: ClassVar[Journaling] = Journaling.IF_CHANGED
 
     now: float
     group: str
@@ -172,19 +244,37 @@ class SwitchDone:
     steps: tuple[tuple[str, str, str, float, int], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSeen:
+    """What the agents of `group`'s nodes see of `job`'s workload, one liveness per
+    node. A holder that some agent saw, and that every agent now sees GONE, is
+    revoked; a holder nobody sees (a job with no workload registered) never is."""
+
+    journaling: ClassVar[Journaling] = Journaling.IF_CHANGED
+
+    now: float
+    group: str
+    job: str
+    seen: tuple[Liveness, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResetJob:
     """An operator lifts `job`'s quarantine on `group`."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     group: str
     job: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recover:
     """The orchestrator started on this journal: a new epoch. Holders get a fresh
     lease; queued jobs and unclaimed grants must be claimed again within `grace`."""
+
+    journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
     now: float
     grace: float
@@ -204,6 +294,7 @@ Event = (
     | RegisterAgent
     | SetJobBackend
     | SwitchDone
+    | WorkloadSeen
     | ResetJob
     | Recover
 )
@@ -224,10 +315,23 @@ EVENT_TYPES: Final[dict[str, type[Any]]] = {
         RegisterAgent,
         SetJobBackend,
         SwitchDone,
+        WorkloadSeen,
         ResetJob,
         Recover,
     )
 }
+
+
+def journaled(event: Event, effects: list[Any]) -> bool:
+    """Whether `event`, handled with these `effects`, goes into the journal."""
+    match event.journaling:
+        case Journaling.ALWAYS:
+            return True
+        case Journaling.IF_CHANGED:
+            return bool(effects)
+        case Journaling.NEVER:
+            return False
+    raise TypeError(f"not a journaling: {event.journaling!r}")
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -245,14 +349,27 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     for name in ("nodes", "faults", "more_groups", "steps"):
         if name in fields:
             fields[name] = tuple(tuple(f) if isinstance(f, list) else f for f in fields[name])
+    # Nor enums: give the fields of one back theirs.
+    for name, kind in _ENUM_FIELDS.get(cls, {}).items():
+        if name in fields:
+            fields[name] = kind(fields[name])
+    if cls is WorkloadSeen:
+        fields["seen"] = tuple(Liveness(x) for x in fields["seen"])
     event: Event = cls(**fields)
     return event
+
+
+_ENUM_FIELDS: Final[dict[type[Any], dict[str, type[enum.Enum]]]] = {
+    DropWaiter: {"reason": Reason},
+    Revoke: {"reason": Reason},
+    SetPolicy: {"policy": Policy},
+}
 
 
 # --- effects --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LeaseInfo:
     """A holder's lease as the wire shows it. `ttl` 0: never expires by silence."""
 
@@ -261,7 +378,7 @@ class LeaseInfo:
     expires_at: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Granted:
     """`job` now holds `group`; answer its waiting call `call_id` (if any).
 
@@ -281,7 +398,7 @@ class Granted:
     switch_bytes: int = 0  # what the switch before this grant moved, on all nodes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Queued:
     """`job` waits for `group` at `position` (0: next)."""
 
@@ -291,17 +408,24 @@ class Queued:
     position: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LeftQueue:
-    """`job` no longer waits; fail its call `call_id` with `reason`."""
+    """`job` no longer waits; fail its call `call_id` with `reason` (and `detail`:
+    why a job was quarantined, say)."""
 
     group: str
     job: str
     call_id: str
-    reason: str
+    reason: Reason
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        """The reason as the wire spells it."""
+        return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Superseded:
     """A newer call of the same job took over the place of `call_id`."""
 
@@ -310,7 +434,7 @@ class Superseded:
     call_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Yielded:
     """The answer to a `Yield`."""
 
@@ -322,19 +446,26 @@ class Yielded:
     next_job: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Revoked:
-    """`job` lost `group` without yielding; its call `call_id` fails if it still
+    """`job` lost `group` without yielding, for `reason` (and `detail`: an
+    operator's words, why a switch failed); its call `call_id` fails if it still
     waits (a grant whose switch failed)."""
 
     group: str
     job: str
     token: int
-    reason: str
+    reason: Reason
+    detail: str = ""
     call_id: str = ""
 
+    @property
+    def why(self) -> str:
+        """The reason as the wire spells it."""
+        return f"{self.reason}: {self.detail}" if self.detail else str(self.reason)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class LeaseRenewed:
     """The answer to a `KeepAlive`; `yield_requested` once the hold limit is reached."""
 
@@ -345,7 +476,7 @@ class LeaseRenewed:
     yield_requested: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class YieldRequested:
     """`job` reached its hold limit: it is asked to yield before `revoke_at`."""
 
@@ -355,7 +486,7 @@ class YieldRequested:
     revoke_at: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwitchStarted:
     """Grant `token` of `group` goes to `job` once the agents have switched the
     contexts: `previous` was the live one (as far as the table knows)."""
@@ -366,7 +497,7 @@ class SwitchStarted:
     previous: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Quarantined:
     """`job` failed on `group`'s accelerators: it may not hold it until reset."""
 
@@ -375,7 +506,7 @@ class Quarantined:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobReset:
     """An operator lifted `job`'s quarantine on `group`."""
 
@@ -396,20 +527,3 @@ Effect = (
     | Quarantined
     | JobReset
 )
-
-# Reasons, as the wire and the journal spell them.
-REASON_CANCELLED: Final = "cancelled"
-REASON_WAIT_TIMEOUT: Final = "wait timeout"
-REASON_NOT_RECLAIMED: Final = "not reclaimed after restart"
-REASON_LEASE_EXPIRED: Final = "lease expired"
-REASON_HOLD_LIMIT: Final = "hold limit reached"
-REASON_NOT_DELIVERED: Final = "grant not delivered"
-REASON_OPERATOR: Final = "released by operator"
-REASON_QUARANTINED: Final = "quarantined"
-REASON_HOLDER_GONE: Final = "the holder's workload is gone"
-
-# How a group picks its next holder.
-POLICY_FIFO: Final = "fifo"
-POLICY_LRS: Final = "lrs"
-POLICY_PRIORITY: Final = "priority"
-POLICIES: Final = (POLICY_FIFO, POLICY_LRS, POLICY_PRIORITY)

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from timeslice._failpoints import SWITCH_JOURNALED, SWITCH_MOVED, failpoint
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
@@ -38,14 +38,25 @@ from timeslice.client.agent import AsyncSnapshotAgentClient
 from timeslice.errors import LeaseLostError, TimeSliceError
 from timeslice.fencing import token_proof
 from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.agents import AgentDirectory
+from timeslice.orchestrator.events import Effect, Event
+from timeslice.orchestrator.state import LockTable
 
-if TYPE_CHECKING:
-    from timeslice.orchestrator.server import Orchestrator
+
+class Journaled(Protocol):
+    """What the driver needs of the orchestrator: its table, to read, and the way
+    to hand it a switch's end."""
+
+    @property
+    def table(self) -> LockTable: ...
+
+    def apply(self, event: Event) -> asyncio.Future[list[Effect]]: ...
+
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeResult:
     """One node's part of a switch, as `SwitchDone` needs it."""
 
@@ -63,11 +74,13 @@ class HandoffDriver:
 
     def __init__(
         self,
-        orchestrator: Orchestrator,
+        journaled: Journaled,
+        agents: AgentDirectory,
         timeout: float,
         revoked_snapshot_timeout: float | None = None,
     ) -> None:
-        self.orch = orchestrator
+        self.journaled = journaled
+        self.agents = agents
         self.timeout = timeout
         # None: a revoked holder's snapshot has the whole switch, as any other.
         self.revoked_snapshot_timeout = revoked_snapshot_timeout
@@ -102,10 +115,10 @@ class HandoffDriver:
         failpoint(SWITCH_JOURNALED)
         began = time.time()
         deadline = began + self.timeout
-        nodes = self.orch.table.nodes.get(switch.group, ())
+        nodes = self.journaled.table.nodes.get(switch.group, ())
         # Read from the table, not the effect: a switch run again after a restart
         # is started without one.
-        g = self.orch.table.groups.get(switch.group)
+        g = self.journaled.table.groups.get(switch.group)
         revoked = g.revoked_job if g is not None else ""
         results = await asyncio.gather(
             *(self._node(node, switch, deadline, revoked) for node in nodes)
@@ -116,9 +129,9 @@ class HandoffDriver:
         errors = [f"{r.node}: {r.error}" for r in results if r.error]
         faults = dict(f for r in results for f in r.faults)  # one reason per job
         done = ev.SwitchDone(
-            time.time(),
-            switch.group,
-            switch.token,
+            now=time.time(),
+            group=switch.group,
+            token=switch.token,
             restored=any(r.restored for r in results),
             faults=tuple(faults.items()),
             error="; ".join(errors),
@@ -127,19 +140,19 @@ class HandoffDriver:
             steps=tuple(step for r in results for step in r.steps),
         )
         try:
-            self.orch.apply(done)
+            self.journaled.apply(done)
         except TimeSliceError as exc:  # the orchestrator stopped meanwhile
             log.info("switch of %s ended without effect: %s", switch.group, exc)
 
     async def _node(
         self, node: str, switch: ev.SwitchStarted, deadline: float, revoked: str
     ) -> NodeResult:
-        address = await self.orch.agents.wait_address(node, self.orch.table.agents, deadline)
+        address = await self.agents.wait_address(node, self.journaled.table.agents, deadline)
         if address is None:
-            return NodeResult(node, error="no agent registered for this node in time")
+            return NodeResult(node=node, error="no agent registered for this node in time")
         left = deadline - time.time()
         try:
-            key = self.orch.agents.token_key(node)
+            key = self.agents.token_key(node)
             answer = await self._client(address).switch_group(
                 switch.group,
                 switch.job,
@@ -149,9 +162,11 @@ class HandoffDriver:
                 token_proof=token_proof(key, switch.group, switch.token) if key else b"",
             )
         except LeaseLostError:
-            return NodeResult(node, error=_SUPERSEDED)
+            return NodeResult(node=node, error=_SUPERSEDED)
         except TimeSliceError as exc:
-            return NodeResult(node, error=f"agent {address}: {exc.message or type(exc).__name__}")
+            return NodeResult(
+                node=node, error=f"agent {address}: {exc.message or type(exc).__name__}"
+            )
         return _node_result(node, switch.job, answer, revoked, self._revoked_limit())
 
     def _revoked_limit(self) -> float | None:
@@ -162,7 +177,7 @@ class HandoffDriver:
     def _jobs(self, group: str, node: str, revoked: str) -> Iterable[apb.SwitchJob]:
         """The group's jobs the table knows, each with the backend it registered
         (and the revoked one with its shorter snapshot limit)."""
-        table = self.orch.table
+        table = self.journaled.table
         g = table.groups.get(group)
         registered = table.job_backends.get(group, {})
         known = set(registered) | ({revoked} if revoked else set())
@@ -223,4 +238,6 @@ def _node_result(
         for s in answer.steps
         if s.operation_id
     )
-    return NodeResult(node, answer.restored, tuple(faults), moved, steps=steps)
+    return NodeResult(
+        node=node, restored=answer.restored, faults=tuple(faults), moved_bytes=moved, steps=steps
+    )

@@ -1,16 +1,13 @@
-"""The lock table's data: groups, holders and waiters, and the checks of the names
-they carry. What changes them is `state.LockTable`."""
+"""The lock table's data: groups, holders and waiters, each group's settings, and
+their snapshot form. What changes them is `state.LockTable`."""
 
 from __future__ import annotations
 
 import enum
-import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
-from timeslice.api.bounds import id_problem
-from timeslice.client._transport import parse_target
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator import events as ev
 
@@ -37,7 +34,7 @@ class TableLimits:
             raise InvalidArgumentError("max_groups and max_waiters_per_group must be positive")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Holder:
     """The job holding a group, and its grant."""
 
@@ -58,10 +55,12 @@ class Holder:
 
     @property
     def lease(self) -> ev.LeaseInfo:
-        return ev.LeaseInfo(f"lease-{self.token}", self.lease_ttl or 0.0, self.expires_at)
+        return ev.LeaseInfo(
+            lease_id=f"lease-{self.token}", ttl=self.lease_ttl or 0.0, expires_at=self.expires_at
+        )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Waiter:
     """A queued job."""
 
@@ -78,7 +77,7 @@ class Waiter:
     ticket: int = 0  # grows with every new acquire in the table: bundles' age order
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Group:
     """One group's lock."""
 
@@ -109,36 +108,51 @@ class Group:
         return list(self.queue).index(job)
 
 
-def holder_from_dict(data: dict[str, Any]) -> Holder:
-    return Holder(**{**data, "bundle": tuple(data.get("bundle", ()))})
+class GroupPolicy(NamedTuple):
+    """How a group picks its next holder, and the aging `Policy.PRIORITY` uses."""
+
+    kind: ev.Policy = ev.Policy.FIFO
+    aging: float = 60.0
 
 
-def waiter_from_dict(data: dict[str, Any]) -> Waiter:
-    return Waiter(**{**data, "bundle": tuple(data.get("bundle", ()))})
+class HoldLimit(NamedTuple):
+    """The longest a holder may keep a group (None: no limit), and how long after
+    its yield request at that limit it is revoked."""
+
+    max_hold: float | None = None
+    grace: float = 0.0
 
 
-def check_id(name: str, value: str) -> None:
-    if not value:
-        raise InvalidArgumentError(f"{name} must not be empty")
-    if (problem := id_problem(value)) is not None:
-        raise InvalidArgumentError(f"{name} {problem}")
+def group_to_dict(g: Group) -> dict[str, Any]:
+    """A JSON-ready snapshot of one group."""
+    return {
+        "name": g.name,
+        "state_since": g.state_since,
+        "token": g.token,
+        "holder": asdict(g.holder) if g.holder else None,
+        "queue": [asdict(w) for w in g.queue.values()],
+        "active_job": g.active_job,
+        "loaded_job": g.loaded_job,
+        "last_served": dict(g.last_served),
+        "quarantined": dict(g.quarantined),
+        "revoked_job": g.revoked_job,
+    }
 
 
-_NODE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-
-
-def check_node(value: str) -> None:
-    """A node is named as its agent registers (a host-like name) or by its agent's
-    address (HOST:PORT, or unix:PATH)."""
-    check_id("node", value)
-    if _NODE_NAME.match(value):
-        return
-    if value != value.strip():
-        raise InvalidArgumentError(f"node {value!r} begins or ends with white space")
-    try:
-        parse_target(value)
-    except InvalidArgumentError:
-        raise InvalidArgumentError(
-            f"node {value!r} is neither a node name (letters, digits, '.', '_', '-')"
-            " nor an agent address (HOST:PORT or unix:PATH)"
-        ) from None
+def group_from_dict(data: dict[str, Any]) -> Group:
+    """The inverse of `group_to_dict`."""
+    holder = data["holder"]
+    return Group(
+        name=data["name"],
+        state_since=data["state_since"],
+        token=data["token"],
+        holder=Holder(**{**holder, "bundle": tuple(holder.get("bundle", ()))}) if holder else None,
+        queue=OrderedDict(
+            (w["job"], Waiter(**{**w, "bundle": tuple(w.get("bundle", ()))})) for w in data["queue"]
+        ),
+        active_job=data["active_job"],
+        loaded_job=data["loaded_job"],
+        last_served=dict(data.get("last_served", {})),
+        quarantined=dict(data.get("quarantined", {})),
+        revoked_job=data.get("revoked_job", ""),
+    )

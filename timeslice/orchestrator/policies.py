@@ -27,18 +27,18 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.model import Group, Waiter
 
 
-def policy_pick(g: Group, policy: str, aging: float, now: float) -> Waiter:
+def policy_pick(g: Group, policy: ev.Policy, aging: float, now: float) -> Waiter:
     """The waiter `g`'s policy serves next (the queue must not be empty)."""
     waiters = list(g.queue.values())
-    if policy == ev.POLICY_LRS:
+    if policy is ev.Policy.LRS:
         # Never served goes first; min keeps queue order among equals.
         return min(waiters, key=lambda w: g.last_served.get(w.job, float("-inf")))
-    if policy == ev.POLICY_PRIORITY:
+    if policy is ev.Policy.PRIORITY:
         return max(waiters, key=lambda w: w.priority + (now - w.since) / aging)
     return waiters[0]
 
 
-def chosen(g: Group, policy: str, aging: float, now: float) -> Waiter:
+def chosen(g: Group, policy: ev.Policy, aging: float, now: float) -> Waiter:
     """The waiter `g` is served to or kept for: the policy's pick, or, when that is
     a bundle, the oldest bundle waiter of the group."""
     pick = policy_pick(g, policy, aging, now)

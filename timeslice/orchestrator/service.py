@@ -6,22 +6,88 @@ do. The edge (size limits, strict parsing, error statuses) is `edge_mapping`'s.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpclib.const
 
 from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
-from timeslice.api.serving import Encoded, edge_mapping
+from timeslice.api.serving import CallGate, Encoded, edge_mapping
 from timeslice.errors import InvalidArgumentError, ResourceExhaustedError
+from timeslice.ids import check_id
+from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
-from timeslice.orchestrator.model import Group, GroupState, check_id
+from timeslice.orchestrator.agents import AgentDirectory
+from timeslice.orchestrator.config import OrchestratorConfig
+from timeslice.orchestrator.events import Effect
+from timeslice.orchestrator.model import Group, GroupState
+from timeslice.orchestrator.state import LockTable
+from timeslice.orchestrator.watches import Notice, Render, Watch
 
-if TYPE_CHECKING:
-    from timeslice.orchestrator.server import Notice, Orchestrator
+
+class OrchestratorApi(Protocol):
+    """What the servicer calls: the `Orchestrator`'s methods, read and act."""
+
+    config: OrchestratorConfig
+    gate: CallGate
+    agents: AgentDirectory
+
+    @property
+    def table(self) -> LockTable: ...
+
+    async def acquire_groups(
+        self,
+        groups: Sequence[str],
+        job: str,
+        *,
+        request_id: str = "",
+        lease_ttl: float | None = None,
+        wait_timeout: float | None = None,
+        priority: int = 0,
+    ) -> list[ev.Granted]: ...
+
+    async def yield_(
+        self, group: str, job: str, *, request_id: str = "", token: int | None = None
+    ) -> ev.Yielded: ...
+
+    async def keep_alive(self, group: str, job: str, lease_id: str) -> ev.LeaseRenewed: ...
+
+    async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]: ...
+
+    async def register_job(
+        self, group: str, job: str, node: str, backend: dict[str, Any] | None
+    ) -> None: ...
+
+    async def reset_job(self, group: str, job: str) -> bool: ...
+
+    async def set_group_nodes(self, group: str, nodes: tuple[str, ...]) -> None: ...
+
+    def group(self, name: str) -> Group: ...
+
+    def group_names(self) -> list[str]: ...
+
+    def group_agents(self, group: str) -> list[tuple[str, str | None]]: ...
+
+    def watch(self, group: str = "", render: Render | None = None) -> Watch[Any]: ...
+
+    def until_closed(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]: ...
+
+    def agent_reported(
+        self,
+        session: object,
+        node: str,
+        address: str,
+        groups: list[str],
+        liveness: dict[tuple[str, str], Liveness],
+        accelerators: dict[str, int] | None = None,
+        token_key: bytes = b"",
+    ) -> None: ...
+
+    def agent_left(self, session: object, node: str) -> None: ...
+
 
 _STATE = {
     GroupState.IDLE: pb.GroupStatusState.IDLE,
@@ -31,13 +97,13 @@ _STATE = {
 }
 
 
-_LIVENESS = {apb.Liveness.ALIVE: "ALIVE", apb.Liveness.GONE: "GONE"}
+_LIVENESS = {apb.Liveness.ALIVE: Liveness.ALIVE, apb.Liveness.GONE: Liveness.GONE}
 
 
 class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     """`TimeSliceOrchestratorService` over an `Orchestrator`."""
 
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: OrchestratorApi) -> None:
         self.orch = orchestrator
 
     async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
@@ -173,7 +239,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         session, node = object(), ""
         try:
             async for report in self.orch.until_closed(messages):
-                liveness = {(j.group, j.job_id): _LIVENESS.get(j.liveness, "") for j in report.jobs}
+                liveness = {
+                    (j.group, j.job_id): _LIVENESS.get(j.liveness, Liveness.UNKNOWN)
+                    for j in report.jobs
+                }
                 accelerators = {a.id: a.memory_total_bytes for a in report.accelerators}
                 self.orch.agent_reported(
                     session,
@@ -234,10 +303,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 kind, token, reason = pb.WatchEventKind.RESET, 0, ""
             case ev.Yielded(token=token):
                 kind, reason = pb.WatchEventKind.YIELDED, ""
-            case ev.LeftQueue(reason=reason):
-                kind, token = pb.WatchEventKind.LEFT_QUEUE, 0
-            case ev.Revoked(token=token, reason=reason):
-                kind = pb.WatchEventKind.REVOKED
+            case ev.LeftQueue():
+                kind, token, reason = pb.WatchEventKind.LEFT_QUEUE, 0, effect.why
+            case ev.Revoked(token=token):
+                kind, reason = pb.WatchEventKind.REVOKED, effect.why
             case ev.YieldRequested(token=token, revoke_at=revoke_at):
                 kind = pb.WatchEventKind.YIELD_REQUESTED
                 when = datetime.fromtimestamp(revoke_at, UTC).isoformat()

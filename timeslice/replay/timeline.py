@@ -410,7 +410,8 @@ class _JournalFold:
                 self._granted(event, t, effect)
             case ev.Yielded(group=group, job=job, token=token):
                 self._end_hold(group, job, token, t, "")
-            case ev.Revoked(group=group, job=job, token=token, reason=reason):
+            case ev.Revoked(group=group, job=job, token=token):
+                reason = effect.why
                 self._end_hold(group, job, token, t, f"revoked: {reason}")
                 self._end_wait(group, job, t, reason)  # a grant that never became live
                 p = self.pending.get(group)
@@ -421,8 +422,8 @@ class _JournalFold:
                     )
                 else:
                     self.marks.append(Mark(t, group, job, "revoked", f"{job} revoked: {reason}"))
-            case ev.LeftQueue(group=group, job=job, reason=reason):
-                self._end_wait(group, job, t, f"left the queue: {reason}")
+            case ev.LeftQueue(group=group, job=job):
+                self._end_wait(group, job, t, f"left the queue: {effect.why}")
             case ev.Quarantined(group=group, job=job, reason=reason):
                 self.marks.append(
                     Mark(t, group, job, "quarantined", f"{job} quarantined: {reason}")

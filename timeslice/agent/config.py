@@ -1,0 +1,67 @@
+"""How an Agent runs: `AgentConfig`, validated on construction."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from timeslice.api.connections import connection_limits
+from timeslice.errors import InvalidArgumentError
+from timeslice.ids import check_id, parse_target
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How an Agent runs. Validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    node_name: str = field(default_factory=socket.gethostname)
+    # Where the job table is kept: None in memory; "sqlite:///PATH" or a path.
+    db: str | None = None
+    # The backends to serve (None: every installed one that loads).
+    backends: tuple[str, ...] | None = None
+    # Options per backend, handed to it as `BackendContext.options`.
+    backend_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # An operation's deadline when its request gives none.
+    operation_timeout: float = 300.0
+    # How long finished operations can still be looked up.
+    operation_retention: float = 600.0
+    # Jobs the agent knows at most (RESOURCE_EXHAUSTED for a new one beyond).
+    max_jobs: int = 4096
+    max_message_bytes: int = 4 * MiB
+    drain_timeout: float = 5.0
+    # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
+    orchestrator: str | None = None
+    # The address the orchestrator reaches this agent at (default: where it listens).
+    advertise: str | None = None
+    # Groups this node joins when it registers (beyond the orchestrator's own config).
+    groups: tuple[str, ...] = ()
+    # What peers may hold (README, "Limits"), as for the orchestrator: connections at
+    # once; streams on each; seconds from a connection's opening to its first
+    # request headers; seconds with no stream open; seconds a unary call waits for
+    # its request message.
+    max_connections: int = 1024
+    max_streams_per_connection: int = 128
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    message_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port {self.port} is out of range")
+        connection_limits(self)  # checks them
+        if not self.node_name:
+            raise InvalidArgumentError("node_name must not be empty")
+        check_id("node_name", self.node_name)
+        for target in filter(None, (self.orchestrator, self.advertise)):
+            parse_target(target)
+        for group in self.groups:
+            check_id("group", group)
+        if self.operation_timeout <= 0 or self.operation_retention <= 0:
+            raise InvalidArgumentError("operation timeout and retention must be positive")
+        if self.max_jobs < 1:
+            raise InvalidArgumentError("max_jobs must be positive")

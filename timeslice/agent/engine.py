@@ -1,0 +1,255 @@
+"""The agent's engine: every change of the job table saved before it is acted on.
+
+Every change goes the same way as in the orchestrator: the pure `JobTable`
+handles the event (or refuses it), the table is saved, and only then are the
+effects carried out: an operation started on its backend, a waiting
+`GetOperation` answered. Saves are coalesced: one write covers every change
+made while the previous write was under way. One timer, set for the table's
+next deadline, fails operations that overrun it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from timeslice.agent import state as st
+from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
+from timeslice.agent.store import StateStore
+from timeslice.backends import Backend, JobRef
+from timeslice.errors import NotFoundError, TimeSliceError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+# Finished operations saved with the job table: what GetOperation can still answer
+# after a restart (every pending one is saved too).
+SAVED_OPERATIONS = 16
+
+
+class AgentEngine:
+    """Handles events on `table`, saves it to `store`, runs the operations it starts
+    through the backend `backend(name)` returns."""
+
+    def __init__(
+        self,
+        table: JobTable,
+        store: StateStore,
+        backend: Callable[[str], Backend],
+        retention: float,
+    ) -> None:
+        self.table = table
+        self._store = store
+        self._backend = backend
+        self._retention = retention
+        #: False until the agent serves, and again once it closes.
+        self.serving = False
+        self.closed = False
+        #: Set after every saved change of the job table (what reports wait on).
+        self.changed = asyncio.Event()
+        self._waiting: list[asyncio.Future[None]] = []
+        self._effects: list[st.Effect] = []
+        self._saver: asyncio.Task[None] | None = None
+        self._writing: asyncio.Future[Any] | None = None  # the changes the write under way saves
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # running operations
+        self._background: set[asyncio.Task[None]] = set()
+        self.reconciling: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._done: dict[str, asyncio.Event] = {}  # set once an operation's end is saved
+        self._ended: dict[str, asyncio.Event] = {}  # set as soon as it is in the table
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def saved(self) -> bool:
+        """Whether every change made so far is saved (no write pending or under way)."""
+        return self._saver is None
+
+    def apply(self, event: st.Event) -> asyncio.Future[None]:
+        """Handle `event`; the future resolves once the table is saved and the
+        effects are under way. Raises (changing nothing) if the table refuses it."""
+        effects = self.table.handle(event)
+        for effect in effects:
+            if isinstance(effect, st.Done) and (ended := self._ended.pop(effect.op_id, None)):
+                ended.set()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._effects += effects
+        self._waiting.append(done)
+        if self._saver is None:
+            self._saver = asyncio.get_running_loop().create_task(self._save())
+        return done
+
+    async def stop(self) -> None:
+        """Fail the operations still running, save, and stop every task."""
+        for op_id, task in list(self._tasks.items()):
+            task.cancel()
+            self.apply(
+                st.Finish(now=time.time(), op_id=op_id, ok=False, error="the agent shut down")
+            )
+        if self._saver is not None:
+            await asyncio.gather(self._saver, return_exceptions=True)
+        self.closed, self.serving = True, False
+        if self._timer is not None:
+            self._timer.cancel()
+        tasks = [*self._tasks.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def wake_waiters(self) -> None:
+        """Let every caller waiting for an operation go (the agent is closing)."""
+        for event in self._done.values():
+            event.set()
+
+    async def _save(self) -> None:
+        try:
+            # One turn of the loop first, so that what is decided in the same moment
+            # (a switch starting its restore as its snapshot ends) joins this write.
+            await asyncio.sleep(0)
+            while self._waiting:
+                waiting, self._waiting = self._waiting, []
+                effects, self._effects = self._effects, []
+                self._writing = asyncio.gather(*waiting, return_exceptions=True)
+                try:
+                    await self._store.save(self.table.to_dict(finished=SAVED_OPERATIONS))
+                except Exception as exc:
+                    log.error("saving the job table failed: %s", exc)
+                    error = UnavailableError(f"the agent could not save its job table: {exc}")
+                    for done in waiting:
+                        done.set_exception(error)
+                    continue
+                self._act(effects)
+                for done in waiting:
+                    if not done.done():
+                        done.set_result(None)
+                self._rearm()
+                self.changed.set()
+        finally:
+            self._saver = self._writing = None
+
+    def _act(self, effects: list[st.Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case st.Run(op_id=op_id):
+                    self._tasks[op_id] = self._spawn(self._run(op_id))
+                case st.Cancel(op_id=op_id):
+                    if (task := self._tasks.pop(op_id, None)) is not None:
+                        task.cancel()
+                case st.Done(op_id=op_id):
+                    if (event := self._done.pop(op_id, None)) is not None:
+                        event.set()
+                case st.Reconcile(group=group, job=job):
+                    task = self._spawn(self._reconcile(group, job))
+                    self._background.add(task)
+                    self.reconciling[(group, job)] = task
+                case st.AwaitOperations() | st.StartOperations() | st.SwitchEnded():
+                    raise TypeError(f"a switch plan is answered, not acted on: {effect!r}")
+                case _:
+                    raise TypeError(f"not an effect: {effect!r}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _run(self, op_id: str) -> None:
+        op = self.table.operations[op_id]
+        job = self.table.jobs[(op.group, op.job)]
+        ref = JobRef(job.group, job.job, job.config)
+        left = op.deadline - time.time()
+        finish: st.Finish
+        try:
+            backend = self._backend(op.backend)
+            run = backend.snapshot if op.kind == st.SNAPSHOT else backend.restore
+            moved = await asyncio.wait_for(run(ref, {**op.params, "timeout": left}), left)
+            finish = st.Finish(
+                now=time.time(),
+                op_id=op_id,
+                ok=True,
+                storage_bytes=moved.storage_bytes,
+                device_bytes=moved.device_bytes,
+            )
+        except asyncio.CancelledError:
+            return  # its deadline passed, or the agent is shutting down: already finished
+        except TimeoutError:
+            finish = st.Finish(
+                now=time.time(), op_id=op_id, ok=False, error=f"deadline exceeded ({left:.1f} s)"
+            )
+        except TimeSliceError as exc:
+            finish = st.Finish(
+                now=time.time(), op_id=op_id, ok=False, error=exc.message or type(exc).__name__
+            )
+        except Exception as exc:
+            log.exception("%s %s failed", op.kind, op_id)
+            finish = st.Finish(
+                now=time.time(), op_id=op_id, ok=False, error=f"{type(exc).__name__}: {exc}"
+            )
+        finally:
+            self._tasks.pop(op_id, None)
+        if not self.closed:
+            self.apply(finish)
+
+    async def _reconcile(self, group: str, job_id: str) -> None:
+        job = self.table.jobs.get((group, job_id))
+        if job is None:
+            return
+        try:
+            where = await self._backend(job.backend).state(JobRef(group, job_id, job.config))
+            reason = "" if where else f"backend {job.backend} cannot tell where its context is"
+        except Exception as exc:
+            where, reason = None, f"backend {job.backend} failed to tell its state: {exc}"
+        state = JobState(where) if where in ("RUNNING", "SAVED") else None
+        if self.serving:
+            await self.apply(
+                st.Reconciled(now=time.time(), group=group, job=job_id, state=state, reason=reason)
+            )
+
+    def _rearm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        at = self.table.next_deadline()
+        if at is not None and self.serving:
+            delay = max(0.0, at - time.time())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.apply(st.Tick(now=time.time()))
+
+    # --- waiting for operations -------------------------------------------------------
+
+    async def ended(self, op_id: str, wait: float) -> None:
+        """Return once operation `op_id` has ended in the job table (its end perhaps not
+        saved yet: see `flush`), or after `wait` seconds."""
+        op = self.table.operations.get(op_id)
+        if op is not None and op.status is OpStatus.PENDING and wait > 0:
+            event = self._ended.setdefault(op_id, asyncio.Event())
+            # asyncio.timeout, not wait_for: no task in between, so that this caller
+            # runs in the very turn of the loop the operation ends in.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await event.wait()
+
+    async def flush(self) -> None:
+        """Return once every change made so far is saved."""
+        if self._waiting:  # changes not taken by a write yet: wait for the next one
+            saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(saved)
+            await saved
+        elif self._writing is not None:  # the write under way has them all
+            await asyncio.shield(self._writing)
+
+    async def operation(self, op_id: str, wait: float = 0.0) -> Operation:
+        """Operation `op_id`, once finished or after `wait` seconds, whichever first."""
+        op = self.table.operations.get(op_id)
+        if op is None:
+            raise NotFoundError(
+                f"unknown operation {op_id!r} (finished ones are kept {self._retention:.0f} s)"
+            )
+        if op.status is OpStatus.PENDING and wait > 0:
+            event = self._done.setdefault(op_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), wait)
+        return op

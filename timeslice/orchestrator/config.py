@@ -1,0 +1,145 @@
+"""How an Orchestrator runs (`OrchestratorConfig`, validated on construction), and
+the events that bring a journaled table's settings to it at each start."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from timeslice.api.connections import connection_limits
+from timeslice.errors import InvalidArgumentError
+from timeslice.ids import check_id, check_node
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.journal import DEFAULT_RETENTION
+from timeslice.orchestrator.model import GroupPolicy, HoldLimit, TableLimits
+from timeslice.orchestrator.state import LockTable
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    """How an Orchestrator runs. Validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Journal: None keeps it in memory; "sqlite:///PATH" or a path; "postgresql://...".
+    db: str | None = None
+    # The longest any holder may keep a group (None: no limit), and per-group limits.
+    hold_limit: float | None = None
+    hold_limits: Mapping[str, float | None] = field(default_factory=dict)
+    # At the hold limit, ask the holder to yield (a Watch event, a flag in its
+    # KeepAlive answer) and revoke it only this many seconds later (0: at once).
+    hold_grace: float = 0.0
+    # How each group picks its next holder: "fifo", "lrs" (least recently served)
+    # or "priority" (with aging: every `priority_aging` seconds waited adds one).
+    policy: str = "fifo"
+    policies: Mapping[str, str] = field(default_factory=dict)
+    priority_aging: float = 60.0
+    # The nodes each group spans: node names of agents that register themselves,
+    # or agent addresses (HOST:PORT). A grant on such a group first switches the
+    # contexts on all of them; GetGroupStatus reports what their agents say.
+    group_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The longest a switch (every node's snapshots and restore) may take.
+    switch_timeout: float = 120.0
+    # The longest the snapshot of a holder that lost the group without yielding
+    # (lease expired, hold limit, workload gone, force release) may take: its
+    # process may be frozen and never answer, and the next job should not wait the
+    # whole switch timeout for it. When it runs out that job is quarantined and the
+    # switch goes on. Keep it above the longest snapshot a live holder takes.
+    revoked_snapshot_timeout: float = 30.0
+    # After a start, how long queued jobs and unclaimed grants wait for their client.
+    recovery_grace: float = 30.0
+    # A snapshot of the table every this many journaled events.
+    snapshot_every: int = 1000
+    # How long journaled events stay once a snapshot covers them (the replay and the
+    # metrics read them), in seconds; then a later snapshot's write deletes them.
+    # 0: at once. The journal's size is its traffic over this span.
+    journal_retention: float = DEFAULT_RETENTION
+    max_message_bytes: int = 4 * MiB
+    # How long close() waits for calls in flight.
+    drain_timeout: float = 5.0
+    # What peers may hold (README, "Limits"): connections at once; streams on each;
+    # seconds from a connection's opening to its first request headers; seconds a
+    # connection may stay with no stream open; seconds a unary call waits for its
+    # request message. Over a limit a caller is answered RESOURCE_EXHAUSTED.
+    max_connections: int = 1024
+    max_streams_per_connection: int = 128
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    message_timeout: float = 10.0
+    # Watch streams at once, and how many events one may fall behind before it is
+    # ended (RESOURCE_EXHAUSTED).
+    max_watchers: int = 1024
+    watch_backlog: int = 10_000
+
+    # Groups the orchestrator knows at most (each stays known: its fencing token
+    # must only grow), and jobs waiting for one group at most.
+    max_groups: int = 10_000
+    max_waiters_per_group: int = 10_000
+
+    def table_limits(self) -> TableLimits:
+        """What the lock table admits."""
+        return TableLimits(
+            max_groups=self.max_groups, max_waiters_per_group=self.max_waiters_per_group
+        )
+
+    def __post_init__(self) -> None:
+        self.table_limits()  # checks them
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port {self.port} is out of range")
+        connection_limits(self)  # checks them
+        if self.max_watchers < 1 or self.watch_backlog < 1:
+            raise InvalidArgumentError("max_watchers and watch_backlog must be at least 1")
+        limits = [self.hold_limit, *self.hold_limits.values()]
+        if any(limit is not None and limit <= 0 for limit in limits):
+            raise InvalidArgumentError("hold limits must be positive")
+        if not self.hold_grace >= 0:
+            raise InvalidArgumentError("hold_grace must not be negative")
+        if self.recovery_grace <= 0 or self.snapshot_every < 1 or self.drain_timeout < 0:
+            raise InvalidArgumentError("recovery_grace, snapshot_every must be positive")
+        if not 0 <= self.journal_retention < math.inf:
+            raise InvalidArgumentError("journal_retention must be a number of seconds, 0 or more")
+        if self.max_message_bytes < 1024:
+            raise InvalidArgumentError("max_message_bytes must be at least 1 KiB")
+        for name in [self.policy, *self.policies.values()]:
+            if name not in tuple(ev.Policy):
+                raise InvalidArgumentError(
+                    f"unknown policy {name!r}; expected one of {', '.join(tuple(ev.Policy))}"
+                )
+        if not self.priority_aging > 0:
+            raise InvalidArgumentError("priority_aging must be positive")
+        for group, nodes in self.group_nodes.items():
+            check_id("group_id", group)
+            for node in nodes:
+                check_node(node)
+        if not self.switch_timeout > 0:
+            raise InvalidArgumentError("switch_timeout must be positive")
+        if not self.revoked_snapshot_timeout > 0:
+            raise InvalidArgumentError("revoked_snapshot_timeout must be positive")
+
+
+def settings_events(config: OrchestratorConfig, table: LockTable, now: float) -> list[ev.Event]:
+    """The events that make `table`'s hold limits, policies and group nodes what
+    `config` says (none for what the journal has already): nodes a config names
+    are added to those agents joined, never taken away."""
+    events: list[ev.Event] = []
+    holds = {ev.EVERY_GROUP: config.hold_limit, **config.hold_limits}
+    for group, limit in holds.items():
+        if table.hold_limits.get(group) != HoldLimit(max_hold=limit, grace=config.hold_grace):
+            events.append(
+                ev.SetHoldLimit(now=now, group=group, max_hold=limit, grace=config.hold_grace)
+            )
+    policies = {ev.EVERY_GROUP: config.policy, **config.policies}
+    for group, name in policies.items():
+        wanted = GroupPolicy(kind=ev.Policy(name), aging=config.priority_aging)
+        if table.policies.get(group) != wanted:
+            events.append(
+                ev.SetPolicy(now=now, group=group, policy=wanted.kind, aging=wanted.aging)
+            )
+    for group, configured in config.group_nodes.items():
+        known = table.nodes.get(group, ())
+        if missing := [node for node in configured if node not in known]:
+            events.append(ev.SetGroupNodes(now=now, group=group, nodes=(*known, *missing)))
+    return events

@@ -1,0 +1,168 @@
+"""The journal engine: every decision of the lock table made durable before it
+is acted on.
+
+Every change goes the same way: the event is handled by the pure `LockTable`
+(which refuses it, or changes and answers with effects), appended to the
+journal when its type says so (`events.journaled`), and only once the journal
+write is durable are its effects handed to `act`: a waiting `Acquire`
+answered, watchers told. Appends are batched: while one batch is being
+written, new events gather for the next, so a busy orchestrator pays one
+durable write for many decisions and an idle one pays no wait.
+
+Time-driven decisions (a lease running out, a wait limit) come from one timer,
+set for the table's next deadline: nothing polls.
+
+A write that fails leaves the table ahead of the journal: the engine then stops
+(fail-stop), failing everything in the air, and calls `on_failure`. Clients
+retry with their request ids against the next start, which rebuilds the table
+from what the journal holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from timeslice.errors import JournalClaimLostError, TimeSliceError, UnavailableError
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.events import Effect, Event
+from timeslice.orchestrator.journal import Journal, Loaded
+from timeslice.orchestrator.state import LockTable
+
+log = logging.getLogger(__name__)
+
+_Pending = tuple[Event, list[Effect], asyncio.Future[list[Effect]]]
+
+
+def fold(loaded: Loaded) -> LockTable:
+    """The table a journal holds: its snapshot, with the events after it handled
+    again by the same `handle` that served them."""
+    table = LockTable.from_dict(loaded.snapshot) if loaded.snapshot else LockTable()
+    for seq, event in loaded.tail:
+        try:
+            table.handle(event)
+        except TimeSliceError as exc:
+            raise RuntimeError(f"journal event {seq} does not replay: {exc}") from exc
+    return table
+
+
+class JournalEngine:
+    """Handles events on `table`, journals them, and acts on their effects."""
+
+    def __init__(
+        self,
+        table: LockTable,
+        journal: Journal,
+        act: Callable[[list[Effect]], None],
+        on_failure: Callable[[TimeSliceError], None],
+        snapshot_every: int,
+        snapshot_seq: int = 0,
+    ) -> None:
+        self.table = table
+        self.journal = journal
+        self._act = act
+        self._on_failure = on_failure
+        self._snapshot_every = snapshot_every
+        self._since_snapshot = 0
+        self._pending: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._stopped = False
+        #: Why the engine stopped on its own (a journal write failed), if it did.
+        self.failure: BaseException | None = None
+
+    def apply(self, event: Event) -> asyncio.Future[list[Effect]]:
+        """Handle `event` now; the future resolves once it is durable and acted on.
+        Raises (leaving everything unchanged) if the table refuses the event."""
+        if self.failure is not None:
+            raise UnavailableError(f"the orchestrator stopped: {self.failure}")
+        effects = self.table.handle(event)
+        done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
+        if ev.journaled(event, effects):
+            self._pending.append((event, effects, done))
+            if self._flusher is None:
+                self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        else:
+            self._act(effects)
+            done.set_result(effects)
+        self._rearm()
+        return done
+
+    def closing(self) -> None:
+        """Set no timer from now on (one set already still runs)."""
+        self._stopped = True
+
+    async def stop(self) -> None:
+        """Write what is pending, and stop the timer."""
+        self._stopped = True
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    seq = await self.journal.append([event for event, _, _ in batch])
+                except Exception as exc:
+                    self.fail(exc, "journal write failed", batch)
+                    return
+                if self.failure is not None:  # the journal's claim was lost meanwhile
+                    self.fail(self.failure, "journal write failed", batch)
+                    return
+                for _, effects, done in batch:
+                    self._act(effects)
+                    if not done.done():
+                        done.set_result(effects)
+                self._since_snapshot += len(batch)
+                if self._since_snapshot >= self._snapshot_every and not self._pending:
+                    self._since_snapshot = 0
+                    state = self.table.to_dict()  # nothing newer than `seq` is handled yet
+                    try:
+                        await self.journal.save_snapshot(seq, state)
+                    except Exception:
+                        log.exception("could not write a journal snapshot")
+        finally:
+            self._flusher = None
+
+    def fail(self, exc: BaseException, what: str, batch: list[_Pending] | None = None) -> None:
+        """A decision could not be made durable (or may not be any more: the
+        journal's claim was lost): stop, failing what waits for a write."""
+        if self.failure is None:
+            log.error("%s, the orchestrator stops: %s", what, exc)
+            self.failure = exc
+        pending, self._pending = [*(batch or []), *self._pending], []
+        error = UnavailableError(f"{what}: {exc}")
+        for _, _, done in pending:
+            if not done.done():
+                done.set_exception(error)
+        self._on_failure(error)
+
+    def claim_lost(self, error: JournalClaimLostError) -> None:
+        """Another orchestrator may write the journal now: stop granting at once."""
+        self.fail(error, "the journal's claim was lost")
+
+    def _rearm(self) -> None:
+        at = self.table.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at is not None and not self._stopped:
+            delay = max(0.0, at - time.time())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        if self.failure is not None:
+            return
+        now = time.time()
+        while (event := self.table.due(now)) is not None:
+            self.apply(event)
+        self._rearm()

@@ -58,8 +58,8 @@ NEVER = 10**12  # snapshot_every for "no snapshots"
 def start_events() -> list[ev.Event]:
     """What an orchestrator journals when it starts with its defaults."""
     now = time.time()
-    return [ev.SetHoldLimit(now, "", None, 0.0), ev.SetPolicy(now, "", "fifo", 60.0),
-            ev.Recover(now, 30.0)]  # fmt: skip
+    return [ev.SetHoldLimit(now=now, group="", max_hold=None, grace=0.0), ev.SetPolicy(now=now, group="", policy="fifo", aging=60.0),
+            ev.Recover(now=now, grace=30.0)]  # fmt: skip
 
 
 def turns(jobs: int, groups: int) -> Iterator[ev.Event]:
@@ -72,15 +72,15 @@ def turns(jobs: int, groups: int) -> Iterator[ev.Event]:
     for g, names in enumerate(members):
         for job in names:
             calls += 1
-            yield ev.Acquire(now, f"group-{g:04d}", job, f"1.{calls}")
+            yield ev.Acquire(now=now, group=f"group-{g:04d}", job=job, call_id=f"1.{calls}")
     turn = 0
     while True:
         for g, names in enumerate(members):
             holder = names[turn % len(names)]
             now = time.time()
-            yield ev.Yield(now, f"group-{g:04d}", holder)
+            yield ev.Yield(now=now, group=f"group-{g:04d}", job=holder)
             calls += 1
-            yield ev.Acquire(now, f"group-{g:04d}", holder, f"1.{calls}")
+            yield ev.Acquire(now=now, group=f"group-{g:04d}", job=holder, call_id=f"1.{calls}")
         turn += 1
 
 

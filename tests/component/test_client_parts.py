@@ -24,7 +24,8 @@ from timeslice.client import (
     WatchEventKind,
     YieldResult,
 )
-from timeslice.client._transport import Target, backoff_delays, map_errors, parse_target
+from timeslice.client._transport import backoff_delays, map_errors
+from timeslice.ids import Target, parse_target
 from timeslice.client.types import acquire_result, group_status, orchestrator_group_status
 from timeslice.errors import (
     DeadlineExceededError,

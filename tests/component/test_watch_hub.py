@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.errors import ResourceExhaustedError
 from timeslice.orchestrator import events as ev
@@ -18,7 +19,7 @@ from timeslice.orchestrator.watches import WAKES_PER_TURN, Notice, WatchHub
 
 
 def yielded(group: str = "g", job: str = "a", token: int = 1) -> ev.Yielded:
-    return ev.Yielded(group, job, token, pending_waiters=0, snapshot_deferred=False, next_job="")
+    return ev.Yielded(group=group, job=job, token=token, pending_waiters=0, snapshot_deferred=False, next_job="")
 
 
 # --- the hub alone ------------------------------------------------------------------------
@@ -124,7 +125,7 @@ async def test_a_watch_stream_that_falls_behind_ends_resource_exhausted() -> Non
         for job in "bcdef":  # its reader stalls while the group changes hands
             await orch.acquire("g", job)
             await orch.yield_("g", job)
-        await asyncio.sleep(0.05)
+        await until(lambda: orch.watches.count == 0, "the watch is ended")
         with pytest.raises(ResourceExhaustedError, match="fell 3 events behind"):
             async for _ in events:
                 pass

@@ -43,9 +43,9 @@ def _journal(*steps: tuple[str, str]) -> list[tuple[int, float, ev.Event]]:
     for i, (what, job) in enumerate(steps, 1):
         now = float(i)
         event: ev.Event = (
-            ev.Acquire(now, "g", job, call_id=f"c{i}", lease_ttl=2.0)
+            ev.Acquire(now=now, group="g", job=job, call_id=f"c{i}", lease_ttl=2.0)
             if what == "a"
-            else ev.Yield(now, "g", job)
+            else ev.Yield(now=now, group="g", job=job)
         )
         rows.append((i, now, event))
     return rows
@@ -107,7 +107,7 @@ def test_the_checker_finds_a_release_refused_though_journaled() -> None:
 
 
 def test_the_checker_finds_a_revoked_grant_whose_release_was_accepted() -> None:
-    rows = [*JOURNAL[:2], (3, 3.0, ev.Revoke(3.0, "g", 1, ev.REASON_LEASE_EXPIRED))]
+    rows = [*JOURNAL[:2], (3, 3.0, ev.Revoke(now=3.0, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED))]
     grants = checker.fold(rows).grants
     holds = [_hold("a", 1, 1.1, 2.9)]
     report = checker.check_holds(grants, "g", holds, calm_start=0.0, live_jobs=())
@@ -131,13 +131,13 @@ def test_the_checker_finds_a_job_without_progress_and_a_crash() -> None:
 def test_the_checker_finds_a_token_granted_twice_or_out_of_order() -> None:
     # The table never does this; the effects are made up to see the checker notice.
     folded = checker.fold(JOURNAL[:3])  # a yielded token 1; b holds token 2
-    lease = ev.LeaseInfo("lease", 2.0, None)
+    lease = ev.LeaseInfo(lease_id="lease", ttl=2.0, expires_at=None)
     newest = {"g": 2}
     for token, job in ((2, "c"), (1, "a"), (3, "d")):
-        effect = ev.Granted("g", job, "c9", token, lease, 0.0, False)
+        effect = ev.Granted(group="g", job=job, call_id="c9", token=token, lease=lease, waited=0.0, context_restored=False)
         checker._read_effect(folded, newest, 9, 9.0, effect)
     newest["g"] = 9
-    checker._read_effect(folded, newest, 10, 10.0, ev.SwitchStarted("g", "e", 5, "d"))
+    checker._read_effect(folded, newest, 10, 10.0, ev.SwitchStarted(group="g", job="e", token=5, previous="d"))
     assert folded.violations == [
         "event 9: token 2 of g granted to c, already b's",
         "event 9: token 1 of g granted to a again after its yield",

@@ -13,9 +13,9 @@ from timeslice.replay.timeline import Timeline, timeline_from_journal
 
 def timeline(label: str, job: str = "A") -> Timeline:
     events = [
-        ev.SetGroupNodes(10.0, "g", ("n1",)),
-        ev.Acquire(11.0, "g", job, "c1"),
-        ev.SwitchDone(12.0, "g", 1, restored=False, began=11.5),
+        ev.SetGroupNodes(now=10.0, group="g", nodes=("n1",)),
+        ev.Acquire(now=11.0, group="g", job=job, call_id="c1"),
+        ev.SwitchDone(now=12.0, group="g", token=1, restored=False, began=11.5),
     ]
     return timeline_from_journal(
         [(i, e.now, e) for i, e in enumerate(events, 1)], label=label, source="test"

@@ -35,15 +35,15 @@ def two_node_handover() -> list[Event]:
     """A takes g (spanning n1, n2) with nothing to move; B queues; A yields and the
     agents save A on both nodes and restore B."""
     return [
-        ev.SetGroupNodes(at(0), "g", ("n1", "n2")),
-        ev.Acquire(at(1), "g", "A", "a1"),
-        ev.SwitchDone(at(2), "g", 1, restored=False, began=at(1.25)),
-        ev.Acquire(at(3), "g", "B", "b1"),
-        ev.Yield(at(10), "g", "A"),
+        ev.SetGroupNodes(now=at(0), group="g", nodes=("n1", "n2")),
+        ev.Acquire(now=at(1), group="g", job="A", call_id="a1"),
+        ev.SwitchDone(now=at(2), group="g", token=1, restored=False, began=at(1.25)),
+        ev.Acquire(now=at(3), group="g", job="B", call_id="b1"),
+        ev.Yield(now=at(10), group="g", job="A"),
         ev.SwitchDone(
-            at(11),
-            "g",
-            2,
+            now=at(11),
+            group="g",
+            token=2,
             restored=True,
             moved_bytes=600,
             began=at(10.25),
@@ -101,10 +101,10 @@ def test_holds_waits_and_moves_are_drawn_where_they_happened() -> None:
 
 def test_a_group_without_nodes_hands_over_without_switching() -> None:
     tl = fold(
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.Acquire(at(1), "g", "B", "b1"),
-        ev.Yield(at(5), "g", "A"),
-        ev.Yield(at(6), "g", "B"),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.Acquire(now=at(1), group="g", job="B", call_id="b1"),
+        ev.Yield(now=at(5), group="g", job="A"),
+        ev.Yield(now=at(6), group="g", job="B"),
     )
     assert tl.switches == ()
     assert [(s.job, s.start, s.end, s.waited) for s in spans(tl, "hold")] == [
@@ -116,15 +116,15 @@ def test_a_group_without_nodes_hands_over_without_switching() -> None:
 
 def test_a_failed_switch_counts_and_fails_its_waiter() -> None:
     tl = fold(
-        ev.SetGroupNodes(at(0), "g", ("n1",)),
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.SwitchDone(at(1), "g", 1, restored=False, began=at(0)),
-        ev.Acquire(at(2), "g", "B", "b1"),
-        ev.Yield(at(4), "g", "A"),
+        ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.SwitchDone(now=at(1), group="g", token=1, restored=False, began=at(0)),
+        ev.Acquire(now=at(2), group="g", job="B", call_id="b1"),
+        ev.Yield(now=at(4), group="g", job="A"),
         ev.SwitchDone(
-            at(6),
-            "g",
-            2,
+            now=at(6),
+            group="g",
+            token=2,
             restored=False,
             error="n1: restore failed",
             began=at(4.5),
@@ -147,9 +147,9 @@ def test_a_failed_switch_counts_and_fails_its_waiter() -> None:
 
 def test_a_quarantined_target_fails_the_switch() -> None:
     tl = fold(
-        ev.SetGroupNodes(at(0), "g", ("n1",)),
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.SwitchDone(at(1), "g", 1, restored=False, faults=(("A", "snapshot failed"),)),
+        ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.SwitchDone(now=at(1), group="g", token=1, restored=False, faults=(("A", "snapshot failed"),)),
     )
     assert [s.error for s in tl.switches] == ["the switch failed"]
     assert [m.kind for m in tl.marks] == ["quarantined", "revoked"]
@@ -157,12 +157,12 @@ def test_a_quarantined_target_fails_the_switch() -> None:
 
 def test_a_switch_revoked_while_it_runs_is_abandoned_not_counted() -> None:
     tl = fold(
-        ev.SetGroupNodes(at(0), "g", ("n1",)),
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.ForceRelease(at(1), "g", reason="stuck"),
+        ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.ForceRelease(now=at(1), group="g", reason="stuck"),
         # The agents' late answer: the table ignores it (the orchestrator does not
         # journal it, but a replay must not count it either way).
-        ev.SwitchDone(at(2), "g", 1, restored=False),
+        ev.SwitchDone(now=at(2), group="g", token=1, restored=False),
     )
     assert tl.switches == ()
     assert [(m.kind, m.job) for m in tl.marks] == [("abandoned", "A")]
@@ -171,18 +171,18 @@ def test_a_switch_revoked_while_it_runs_is_abandoned_not_counted() -> None:
 
 
 def test_a_switch_still_running_at_the_end_is_noted() -> None:
-    tl = fold(ev.SetGroupNodes(at(0), "g", ("n1",)), ev.Acquire(at(1), "g", "A", "a1"))
+    tl = fold(ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)), ev.Acquire(now=at(1), group="g", job="A", call_id="a1"))
     assert tl.switches == ()
     assert any("still running" in n for n in tl.notes)
 
 
 def test_waits_that_end_without_a_grant() -> None:
     tl = fold(
-        ev.Acquire(at(0), "g", "A", "a1", lease_ttl=5.0),
-        ev.Acquire(at(1), "g", "B", "b1"),
-        ev.DropWaiter(at(2), "g", "B", "b1", ev.REASON_CANCELLED),
-        ev.Acquire(at(3), "g", "C", "c1"),
-        ev.Revoke(at(6), "g", 1, ev.REASON_LEASE_EXPIRED),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1", lease_ttl=5.0),
+        ev.Acquire(now=at(1), group="g", job="B", call_id="b1"),
+        ev.DropWaiter(now=at(2), group="g", job="B", call_id="b1", reason=ev.Reason.CANCELLED),
+        ev.Acquire(now=at(3), group="g", job="C", call_id="c1"),
+        ev.Revoke(now=at(6), group="g", token=1, reason=ev.Reason.LEASE_EXPIRED),
     )
     assert [(s.job, s.start, s.end, s.note) for s in spans(tl, "wait")] == [
         ("B", 1.0, 2.0, "left the queue: cancelled"),
@@ -196,18 +196,18 @@ def test_waits_that_end_without_a_grant() -> None:
 
 def test_a_holder_asking_again_does_not_start_a_new_hold() -> None:
     tl = fold(
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.Acquire(at(1), "g", "A", "a2"),
-        ev.Yield(at(2), "g", "A"),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.Acquire(now=at(1), group="g", job="A", call_id="a2"),
+        ev.Yield(now=at(2), group="g", job="A"),
     )
     assert [(s.start, s.end) for s in spans(tl, "hold")] == [(0.0, 2.0)]
 
 
 def test_a_restart_is_marked_and_open_spans_end_with_the_record() -> None:
     tl = fold(
-        ev.Acquire(at(0), "g", "A", "a1"),
-        ev.Acquire(at(1), "g", "B", "b1"),
-        ev.Recover(at(4), 30.0),
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.Acquire(now=at(1), group="g", job="B", call_id="b1"),
+        ev.Recover(now=at(4), grace=30.0),
     )
     assert [(m.kind, m.time) for m in tl.marks] == [("restart", 4.0)]
     assert [(s.kind, s.job, s.end, s.open) for s in tl.spans] == [
@@ -252,7 +252,7 @@ def test_a_compacted_journal_without_a_snapshot_says_what_it_skipped() -> None:
 
 
 def test_gaps_in_the_event_numbers_are_noted() -> None:
-    r = rows(ev.Acquire(at(0), "g", "A", "a1"), ev.Yield(at(1), "g", "A"))
+    r = rows(ev.Acquire(now=at(0), group="g", job="A", call_id="a1"), ev.Yield(now=at(1), group="g", job="A"))
     r[1] = (5, r[1][1], r[1][2])
     assert any("1 gap" in n for n in timeline_from_journal(r).notes)
 

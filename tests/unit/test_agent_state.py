@@ -87,7 +87,7 @@ class Harness:
         claims: tuple[str, ...] = (),
         state: JobState = JobState.RUNNING,
     ) -> None:
-        event = Register(now, group, job, backend, config or {}, claims, state)
+        event = Register(now=now, group=group, job=job, backend=backend, config=config or {}, claims=claims, state=state)
         assert self.handle(event) == []
 
     def start(
@@ -95,7 +95,7 @@ class Harness:
     ) -> str:
         """Start an operation that must be accepted; return its id."""
         kw.setdefault("timeout", 10.0)
-        [effect] = self.handle(Start(now, kind, group, job, **kw))
+        [effect] = self.handle(Start(now=now, kind=kind, group=group, job=job, **kw))
         assert isinstance(effect, Run)
         return effect.op_id
 
@@ -106,7 +106,7 @@ class Harness:
         return self.start(RESTORE, job, group, now, **kw)
 
     def finish(self, op_id: str, now: float = 0.0, ok: bool = True, **kw: Any) -> None:
-        assert self.handle(Finish(now, op_id, ok, **kw)) == [Done(op_id)]
+        assert self.handle(Finish(now=now, op_id=op_id, ok=ok, **kw)) == [Done(op_id=op_id)]
 
     def job(self, job: str = "a", group: str = "g") -> Job:
         return self.table.jobs[(group, job)]
@@ -123,13 +123,13 @@ class Harness:
         assert self.state(job, group) is JobState.SAVED
 
     def faulted(self, job: str = "a", group: str = "g", now: float = 0.0) -> None:
-        self.handle(Lost(now, group, job, "the workload went away"))
+        self.handle(Lost(now=now, group=group, job=job, reason="the workload went away"))
         assert self.state(job, group) is JobState.FAULTED
 
     def idle(self, job: str = "a", group: str = "g", now: float = 0.0) -> None:
         """Take a registered job to IDLE: faulted, then reset."""
         self.faulted(job, group, now)
-        self.handle(Reset(now, group, job))
+        self.handle(Reset(now=now, group=group, job=job))
         assert self.state(job, group) is JobState.IDLE
 
 
@@ -147,17 +147,17 @@ def t() -> Iterator[Harness]:
 def test_register_makes_a_job_running_or_saved(t: Harness, state: JobState) -> None:
     t.register("a", now=3.0, config={"pid": 7}, claims=("pid:7",), state=state)
     assert t.table.jobs == {
-        ("g", "a"): Job("g", "a", "noop", {"pid": 7}, ["pid:7"], state, 3.0, "", "")
+        ("g", "a"): Job(group="g", job="a", backend="noop", config={"pid": 7}, claims=["pid:7"], state=state, since=3.0, fault="", operation="")
     }
     assert t.table.operations == {}
 
 
 @pytest.mark.parametrize("state", [JobState.IDLE, JobState.TRANSITIONING, JobState.FAULTED])
 def test_register_in_any_other_state_is_refused(t: Harness, state: JobState) -> None:
-    error = t.refuse(Register(0, "g", "a", "noop", {}, (), state), InvalidArgumentError)
+    error = t.refuse(Register(now=0, group="g", job="a", backend="noop", config={}, claims=(), state=state), InvalidArgumentError)
     assert state.value in error.message
     t.register("b")
-    t.refuse(Register(0, "g", "b", "noop", {}, (), state), InvalidArgumentError)
+    t.refuse(Register(now=0, group="g", job="b", backend="noop", config={}, claims=(), state=state), InvalidArgumentError)
 
 
 def test_register_copies_its_config(t: Harness) -> None:
@@ -212,13 +212,13 @@ def test_registering_again_during_an_operation_is_refused(t: Harness) -> None:
     t.register()
     op = t.snapshot()
     for state in (JobState.RUNNING, JobState.SAVED):
-        error = t.refuse(Register(1, "g", "a", "noop", {}, (), state), ConflictError)
+        error = t.refuse(Register(now=1, group="g", job="a", backend="noop", config={}, claims=(), state=state), ConflictError)
         assert op in error.message
 
 
 def test_registering_again_with_another_backend_is_refused(t: Harness) -> None:
     t.register(backend="noop")
-    error = t.refuse(Register(1, "g", "a", "cuda", {}, (), JobState.RUNNING), ConflictError)
+    error = t.refuse(Register(now=1, group="g", job="a", backend="cuda", config={}, claims=(), state=JobState.RUNNING), ConflictError)
     assert "noop" in error.message and "cuda" in error.message
 
 
@@ -233,11 +233,11 @@ def test_the_same_job_in_another_group_is_another_job(t: Harness) -> None:
 
 def test_a_claim_belongs_to_one_job_only(t: Harness) -> None:
     t.register("a", claims=("pid:1", "gpu:0"))
-    error = t.refuse(Register(0, "g", "b", "noop", {}, ("pid:2", "pid:1")), AlreadyExistsError)
+    error = t.refuse(Register(now=0, group="g", job="b", backend="noop", config={}, claims=("pid:2", "pid:1")), AlreadyExistsError)
     assert "pid:1" in error.message and "a" in error.message
-    t.refuse(Register(0, "other", "b", "noop", {}, ("gpu:0",)), AlreadyExistsError)
+    t.refuse(Register(now=0, group="other", job="b", backend="noop", config={}, claims=("gpu:0",)), AlreadyExistsError)
     t.refuse(
-        Start(0, SNAPSHOT, "g", "c", 10.0, backend="noop", claims=("pid:1",)),
+        Start(now=0, kind=SNAPSHOT, group="g", job="c", timeout=10.0, backend="noop", claims=("pid:1",)),
         AlreadyExistsError,
     )
     t.register("b", claims=("pid:2",))
@@ -263,12 +263,12 @@ def test_a_claim_named_twice_in_one_event_is_held_once(t: Harness) -> None:
 
 def test_a_snapshot_of_a_running_job_starts_an_operation(t: Harness) -> None:
     t.register(backend="noop")
-    effects = t.handle(Start(2.0, SNAPSHOT, "g", "a", 30.0, params={"mode": "full"}))
-    assert effects == [Run("op-1")]
+    effects = t.handle(Start(now=2.0, kind=SNAPSHOT, group="g", job="a", timeout=30.0, params={"mode": "full"}))
+    assert effects == [Run(op_id="op-1")]
     job = t.job()
     assert (job.state, job.operation, job.since) == (JobState.TRANSITIONING, "op-1", 2.0)
     assert t.op("op-1") == Operation(
-        "op-1", SNAPSHOT, "g", "a", "noop", {"mode": "full"}, 2.0, 32.0
+        op_id="op-1", kind=SNAPSHOT, group="g", job="a", backend="noop", params={"mode": "full"}, started=2.0, deadline=32.0
     )
     assert t.table.next_deadline() == 32.0
 
@@ -309,7 +309,7 @@ def test_start_in_the_wrong_state_is_refused_naming_the_state(
         t.saved()
     elif setup == "idle":
         t.idle()
-    error = t.refuse(Start(1, kind, "g", "a", 10.0), ConflictError)
+    error = t.refuse(Start(now=1, kind=kind, group="g", job="a", timeout=10.0), ConflictError)
     assert said in error.message and kind in error.message
 
 
@@ -317,15 +317,15 @@ def test_start_in_the_wrong_state_is_refused_naming_the_state(
 def test_start_during_an_operation_is_refused_naming_it(t: Harness, kind: str) -> None:
     t.register()
     op = t.snapshot()
-    error = t.refuse(Start(1, kind, "g", "a", 10.0), ConflictError)
+    error = t.refuse(Start(now=1, kind=kind, group="g", job="a", timeout=10.0), ConflictError)
     assert "TRANSITIONING" in error.message and f"operation {op} is running" in error.message
 
 
 @pytest.mark.parametrize("kind", [SNAPSHOT, RESTORE])
 def test_start_of_a_faulted_job_is_refused_naming_the_fault(t: Harness, kind: str) -> None:
     t.register()
-    t.handle(Lost(1, "g", "a", "channel closed: peer reset"))
-    error = t.refuse(Start(2, kind, "g", "a", 10.0), ConflictError)
+    t.handle(Lost(now=1, group="g", job="a", reason="channel closed: peer reset"))
+    error = t.refuse(Start(now=2, kind=kind, group="g", job="a", timeout=10.0), ConflictError)
     assert "FAULTED" in error.message and "channel closed: peer reset" in error.message
 
 
@@ -347,33 +347,33 @@ def test_a_snapshot_of_an_unknown_job_with_a_backend_creates_it(t: Harness) -> N
 
 
 def test_a_restore_of_an_unknown_job_is_refused(t: Harness) -> None:
-    t.refuse(Start(0, RESTORE, "g", "a", 10.0, backend="noop"), NotFoundError)
-    t.refuse(Start(0, RESTORE, "g", "a", 10.0), NotFoundError)
+    t.refuse(Start(now=0, kind=RESTORE, group="g", job="a", timeout=10.0, backend="noop"), NotFoundError)
+    t.refuse(Start(now=0, kind=RESTORE, group="g", job="a", timeout=10.0), NotFoundError)
 
 
 def test_a_snapshot_of_an_unknown_job_without_a_backend_is_refused(t: Harness) -> None:
-    t.refuse(Start(0, SNAPSHOT, "g", "a", 10.0), NotFoundError)
+    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=10.0), NotFoundError)
     t.register("a", group="other")
-    t.refuse(Start(0, SNAPSHOT, "g", "a", 10.0), NotFoundError)
+    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=10.0), NotFoundError)
 
 
 def test_start_naming_another_backend_is_refused(t: Harness) -> None:
     t.register(backend="noop")
-    error = t.refuse(Start(0, SNAPSHOT, "g", "a", 10.0, backend="cuda"), ConflictError)
+    error = t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=10.0, backend="cuda"), ConflictError)
     assert "noop" in error.message and "cuda" in error.message
     t.snapshot(backend="noop")
 
 
 def test_an_unknown_operation_kind_is_refused(t: Harness) -> None:
     t.register()
-    t.refuse(Start(0, "migrate", "g", "a", 10.0), InvalidArgumentError)
+    t.refuse(Start(now=0, kind="migrate", group="g", job="a", timeout=10.0), InvalidArgumentError)
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0, -math.inf, math.nan])
 def test_a_timeout_must_be_positive(t: Harness, timeout: float) -> None:
     t.register()
-    t.refuse(Start(0, SNAPSHOT, "g", "a", timeout), InvalidArgumentError)
-    t.refuse(Start(0, SNAPSHOT, "g", "b", timeout, backend="noop"), InvalidArgumentError)
+    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=timeout), InvalidArgumentError)
+    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="b", timeout=timeout, backend="noop"), InvalidArgumentError)
 
 
 # --- jobs registered without a group --------------------------------------------------
@@ -407,12 +407,12 @@ def test_fencing_tokens_of_a_group_only_grow(t: Harness) -> None:
     t.register()
     t.finish(t.snapshot(token=5))
     assert t.table.tokens == {"g": 5}
-    error = t.refuse(Start(1, RESTORE, "g", "a", 10.0, token=4), LeaseLostError)
+    error = t.refuse(Start(now=1, kind=RESTORE, group="g", job="a", timeout=10.0, token=4), LeaseLostError)
     assert "4" in error.message and "5" in error.message
     t.finish(t.restore(token=5))  # the same grant may act again
     t.finish(t.snapshot(token=8))
     assert t.table.tokens == {"g": 8}
-    t.refuse(Start(1, RESTORE, "g", "a", 10.0, token=7), LeaseLostError)
+    t.refuse(Start(now=1, kind=RESTORE, group="g", job="a", timeout=10.0, token=7), LeaseLostError)
     assert t.state() is JobState.SAVED
 
 
@@ -427,7 +427,7 @@ def test_fencing_tokens_are_kept_per_group(t: Harness) -> None:
 def test_a_stale_token_is_refused_even_for_a_new_job(t: Harness) -> None:
     t.register()
     t.snapshot(token=3)
-    t.refuse(Start(1, SNAPSHOT, "g", "b", 10.0, token=2, backend="noop"), LeaseLostError)
+    t.refuse(Start(now=1, kind=SNAPSHOT, group="g", job="b", timeout=10.0, token=2, backend="noop"), LeaseLostError)
     assert ("g", "b") not in t.table.jobs
 
 
@@ -440,7 +440,7 @@ def test_token_zero_is_not_checked(t: Harness) -> None:
 
 def test_a_refused_start_does_not_record_its_token(t: Harness) -> None:
     t.register(state=JobState.SAVED)
-    t.refuse(Start(1, SNAPSHOT, "g", "a", 10.0, token=9), ConflictError)
+    t.refuse(Start(now=1, kind=SNAPSHOT, group="g", job="a", timeout=10.0, token=9), ConflictError)
     assert t.table.tokens == {}
     t.restore(token=2)
     assert t.table.tokens == {"g": 2}
@@ -458,8 +458,8 @@ def test_tokens_of_a_group_without_a_name_are_kept_apart(t: Harness) -> None:
 def test_a_finished_snapshot_saves_the_job(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    effects = t.handle(Finish(3.0, op, True, storage_bytes=1 << 30, device_bytes=2 << 30))
-    assert effects == [Done(op)]
+    effects = t.handle(Finish(now=3.0, op_id=op, ok=True, storage_bytes=1 << 30, device_bytes=2 << 30))
+    assert effects == [Done(op_id=op)]
     assert (t.state(), t.job().since, t.job().operation) == (JobState.SAVED, 3.0, op)
     o = t.op(op)
     assert (o.status, o.finished, o.storage_bytes, o.device_bytes, o.error) == (
@@ -499,11 +499,11 @@ def test_a_failure_without_a_message_still_says_it_failed(t: Harness) -> None:
 
 def test_finishing_an_unknown_or_finished_operation_is_a_no_op(t: Harness) -> None:
     t.register()
-    t.ignore(Finish(0, "op-1", True))
+    t.ignore(Finish(now=0, op_id="op-1", ok=True))
     op = t.snapshot()
     t.finish(op, now=1.0)
-    t.ignore(Finish(2, op, True))
-    t.ignore(Finish(2, op, False, error="late"))
+    t.ignore(Finish(now=2, op_id=op, ok=True))
+    t.ignore(Finish(now=2, op_id=op, ok=False, error="late"))
     assert t.state() is JobState.SAVED
 
 
@@ -514,14 +514,14 @@ def test_an_operation_past_its_deadline_is_cancelled_and_faults_the_job(t: Harne
     t.register()
     op = t.snapshot(now=0.0, timeout=10.0)
     assert t.table.next_deadline() == 10.0
-    t.ignore(Tick(9.99))
-    assert t.handle(Tick(10.0)) == [Cancel(op), Done(op)]
+    t.ignore(Tick(now=9.99))
+    assert t.handle(Tick(now=10.0)) == [Cancel(op_id=op), Done(op_id=op)]
     job = t.job()
     assert (job.state, job.since) == (JobState.FAULTED, 10.0)
     assert "deadline exceeded" in job.fault and op in job.fault
     assert (t.op(op).status, t.op(op).finished) == (OpStatus.FAILED, 10.0)
     assert "deadline exceeded after 10.0 s" in t.op(op).error
-    t.ignore(Finish(11.0, op, True))  # the backend answered too late
+    t.ignore(Finish(now=11.0, op_id=op, ok=True))  # the backend answered too late
     assert t.state() is JobState.FAULTED
 
 
@@ -533,9 +533,9 @@ def test_every_operation_past_its_deadline_is_cancelled_before_any_is_done(
     t.register("c")
     ops = [t.snapshot("a", timeout=1.0), t.snapshot("b", timeout=2.0)]
     later = t.snapshot("c", timeout=50.0)
-    effects = t.handle(Tick(5.0))
+    effects = t.handle(Tick(now=5.0))
     assert sorted(map(repr, effects)) == sorted(
-        map(repr, [Cancel(ops[0]), Cancel(ops[1]), Done(ops[0]), Done(ops[1])])
+        map(repr, [Cancel(op_id=ops[0]), Cancel(op_id=ops[1]), Done(op_id=ops[0]), Done(op_id=ops[1])])
     )
     kinds = [type(e) for e in effects]
     assert kinds == [Cancel, Cancel, Done, Done]
@@ -553,12 +553,12 @@ def test_finished_operations_are_forgotten_after_the_retention() -> None:
     op = t.snapshot(now=0.0, timeout=100.0)
     t.finish(op, now=5.0)
     assert t.table.next_deadline() == 65.0
-    assert t.handle(Tick(64.9)) == []
+    assert t.handle(Tick(now=64.9)) == []
     assert op in t.table.operations
-    assert t.handle(Tick(65.0)) == []
+    assert t.handle(Tick(now=65.0)) == []
     assert t.table.operations == {}
     assert t.table.next_deadline() is None
-    t.ignore(Finish(66.0, op, True))
+    t.ignore(Finish(now=66.0, op_id=op, ok=True))
     assert t.job().operation == op and t.state() is JobState.SAVED
 
 
@@ -566,8 +566,8 @@ def test_no_new_job_over_the_tables_limit() -> None:
     t = Harness(JobTable(max_jobs=2))
     t.register("a")
     t.snapshot("b", backend="noop", config={})
-    t.refuse(Register(0.0, "g", "c", "noop", {}, (), JobState.RUNNING), ResourceExhaustedError)
-    t.refuse(Start(0.0, SNAPSHOT, "g", "c", 10.0, backend="noop"), ResourceExhaustedError)
+    t.refuse(Register(now=0.0, group="g", job="c", backend="noop", config={}, claims=(), state=JobState.RUNNING), ResourceExhaustedError)
+    t.refuse(Start(now=0.0, kind=SNAPSHOT, group="g", job="c", timeout=10.0, backend="noop"), ResourceExhaustedError)
     t.register("a", now=1.0)  # a known job registers again whatever the limit
     assert JobTable.from_dict(t.table.to_dict(), max_jobs=1).jobs.keys() == t.table.jobs.keys()
 
@@ -578,7 +578,7 @@ def test_pending_operations_are_never_forgotten() -> None:
     t.register("b")
     t.finish(t.snapshot("a", now=0.0), now=0.0)
     pending = [t.snapshot("b", now=1.0, timeout=1e9), t.restore("a", now=1.0, timeout=1e9)]
-    t.handle(Tick(1e6))
+    t.handle(Tick(now=1e6))
     assert list(t.table.operations) == pending
     assert all(t.op(op).status is OpStatus.PENDING for op in pending)
 
@@ -592,9 +592,9 @@ def test_over_the_limit_the_oldest_finished_operations_are_forgotten_first() -> 
         ops.append(t.start(SNAPSHOT if i % 2 == 0 else RESTORE, "a", now=float(i)))
         t.finish(ops[-1], now=float(i))
     pending = t.snapshot("b", now=10.0)
-    t.handle(Tick(10.0))
+    t.handle(Tick(now=10.0))
     assert list(t.table.operations) == [ops[2], ops[3], pending]
-    t.handle(Tick(11.0))
+    t.handle(Tick(now=11.0))
     assert list(t.table.operations) == [ops[2], ops[3], pending]
 
 
@@ -605,7 +605,7 @@ def test_operations_are_forgotten_only_on_a_tick() -> None:
     t.finish(first, now=1.0)
     t.finish(t.restore(now=2.0), now=3.0)
     assert len(t.table.operations) == 2
-    t.handle(Tick(4.0))
+    t.handle(Tick(now=4.0))
     assert first not in t.table.operations and len(t.table.operations) == 1
 
 
@@ -627,7 +627,7 @@ def test_next_deadline_is_the_earliest_of_deadlines_and_expiries() -> None:
 @pytest.mark.parametrize("state", [JobState.RUNNING, JobState.SAVED])
 def test_a_lost_workload_faults_its_job(t: Harness, state: JobState) -> None:
     t.register(state=state)
-    assert t.handle(Lost(4.0, "g", "a", "process 17 exited")) == []
+    assert t.handle(Lost(now=4.0, group="g", job="a", reason="process 17 exited")) == []
     job = t.job()
     assert (job.state, job.fault, job.since) == (JobState.FAULTED, "process 17 exited", 4.0)
 
@@ -635,33 +635,33 @@ def test_a_lost_workload_faults_its_job(t: Harness, state: JobState) -> None:
 def test_a_lost_idle_job_is_faulted(t: Harness) -> None:
     t.register()
     t.idle()
-    t.handle(Lost(1, "g", "a", "gone"))
+    t.handle(Lost(now=1, group="g", job="a", reason="gone"))
     assert (t.state(), t.job().fault) == (JobState.FAULTED, "gone")
 
 
 def test_losing_a_faulted_or_unknown_job_is_a_no_op(t: Harness) -> None:
     t.register()
-    t.handle(Lost(1, "g", "a", "first"))
-    t.ignore(Lost(2, "g", "a", "second"))
+    t.handle(Lost(now=1, group="g", job="a", reason="first"))
+    t.ignore(Lost(now=2, group="g", job="a", reason="second"))
     assert t.job().fault == "first"
-    t.ignore(Lost(2, "g", "nobody", "gone"))
+    t.ignore(Lost(now=2, group="g", job="nobody", reason="gone"))
 
 
 def test_a_lost_workload_without_a_reason_is_still_faulted_with_one(t: Harness) -> None:
     t.register()
-    t.handle(Lost(1, "g", "a", ""))
+    t.handle(Lost(now=1, group="g", job="a", reason=""))
     assert t.state() is JobState.FAULTED and t.job().fault
 
 
 def test_a_workload_lost_during_an_operation_fails_the_operation(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    assert t.handle(Lost(2.0, "g", "a", "channel closed")) == [Cancel(op), Done(op)]
+    assert t.handle(Lost(now=2.0, group="g", job="a", reason="channel closed")) == [Cancel(op_id=op), Done(op_id=op)]
     job = t.job()
     assert job.state is JobState.FAULTED and op in job.fault and "channel closed" in job.fault
     assert (t.op(op).status, t.op(op).finished) == (OpStatus.FAILED, 2.0)
     assert t.table.next_deadline() == 2.0 + t.table.op_retention
-    t.ignore(Finish(3.0, op, True))  # the backend gives up later
+    t.ignore(Finish(now=3.0, op_id=op, ok=True))  # the backend gives up later
     # the workload comes back: it can be moved again, by one operation at a time
     t.register(now=4.0)
     again = t.snapshot(now=5.0)
@@ -671,23 +671,23 @@ def test_a_workload_lost_during_an_operation_fails_the_operation(t: Harness) -> 
 def test_a_workload_that_says_goodbye_is_forgotten(t: Harness) -> None:
     t.register(claims=("pid:1",))
     t.register("b", claims=("pid:2",), state=JobState.SAVED)
-    assert t.handle(Forget(1.0, "g", "a", "deregistered")) == []
+    assert t.handle(Forget(now=1.0, group="g", job="a", reason="deregistered")) == []
     assert ("g", "a") not in t.table.jobs and ("g", "b") in t.table.jobs
     t.register("c", claims=("pid:1",))  # its claims are free again
-    t.ignore(Forget(2.0, "g", "nobody", "deregistered"))
+    t.ignore(Forget(now=2.0, group="g", job="nobody", reason="deregistered"))
 
 
 def test_forgetting_a_job_in_an_operation_fails_the_operation_instead(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    assert t.handle(Forget(2.0, "g", "a", "deregistered")) == [Cancel(op), Done(op)]
+    assert t.handle(Forget(now=2.0, group="g", job="a", reason="deregistered")) == [Cancel(op_id=op), Done(op_id=op)]
     assert t.state() is JobState.FAULTED and t.op(op).status is OpStatus.FAILED
 
 
 @pytest.mark.parametrize("bad", [JobState.IDLE, JobState.TRANSITIONING, JobState.FAULTED])
 def test_a_backend_can_only_report_running_or_saved(t: Harness, bad: JobState) -> None:
     t.register()
-    t.refuse(Reconciled(1.0, "g", "a", bad), InvalidArgumentError)
+    t.refuse(Reconciled(now=1.0, group="g", job="a", state=bad), InvalidArgumentError)
 
 
 # --- reset and reconcile --------------------------------------------------------------
@@ -696,7 +696,7 @@ def test_a_backend_can_only_report_running_or_saved(t: Harness, bad: JobState) -
 def test_reset_takes_a_faulted_job_to_idle_and_asks_its_backend(t: Harness) -> None:
     t.register()
     t.faulted()
-    assert t.handle(Reset(3.0, "g", "a")) == [Reconcile("g", "a")]
+    assert t.handle(Reset(now=3.0, group="g", job="a")) == [Reconcile(group="g", job="a")]
     job = t.job()
     assert (job.state, job.fault, job.since) == (JobState.IDLE, "", 3.0)
 
@@ -710,43 +710,43 @@ def test_reset_of_a_job_that_is_not_faulted_is_refused(t: Harness, setup: str) -
         t.snapshot()
     elif setup == "idle":
         t.idle()
-    error = t.refuse(Reset(1, "g", "a"), ConflictError)
+    error = t.refuse(Reset(now=1, group="g", job="a"), ConflictError)
     assert t.state().value in error.message
 
 
 def test_reset_of_an_unknown_job_is_refused(t: Harness) -> None:
-    t.refuse(Reset(1, "g", "a"), NotFoundError)
+    t.refuse(Reset(now=1, group="g", job="a"), NotFoundError)
 
 
 def test_reset_of_a_job_without_a_group_asks_about_it_by_its_own_key(t: Harness) -> None:
     t.register("a", group="")
     t.faulted("a", group="")
-    assert t.handle(Reset(1, "g", "a")) == [Reconcile("", "a")]
+    assert t.handle(Reset(now=1, group="g", job="a")) == [Reconcile(group="", job="a")]
 
 
 @pytest.mark.parametrize("answer", [JobState.RUNNING, JobState.SAVED])
 def test_reconciled_sets_the_state_the_backend_tells(t: Harness, answer: JobState) -> None:
     t.register()
     t.idle()
-    assert t.handle(Reconciled(7.0, "g", "a", answer)) == []
+    assert t.handle(Reconciled(now=7.0, group="g", job="a", state=answer)) == []
     assert (t.state(), t.job().since, t.job().fault) == (answer, 7.0, "")
 
 
 def test_reconciled_corrects_a_running_or_saved_job(t: Harness) -> None:
     t.register(state=JobState.RUNNING)
-    t.handle(Reconciled(1, "g", "a", JobState.SAVED))
+    t.handle(Reconciled(now=1, group="g", job="a", state=JobState.SAVED))
     assert t.state() is JobState.SAVED
-    t.handle(Reconciled(2, "g", "a", JobState.RUNNING))
+    t.handle(Reconciled(now=2, group="g", job="a", state=JobState.RUNNING))
     assert t.state() is JobState.RUNNING
 
 
 def test_a_backend_that_cannot_tell_faults_the_job(t: Harness) -> None:
     t.register()
     t.idle()
-    t.handle(Reconciled(2.0, "g", "a", None, "no such process"))
+    t.handle(Reconciled(now=2.0, group="g", job="a", state=None, reason="no such process"))
     assert (t.state(), t.job().fault, t.job().since) == (JobState.FAULTED, "no such process", 2.0)
     t.register("b")
-    t.handle(Reconciled(2.0, "g", "b", None))
+    t.handle(Reconciled(now=2.0, group="g", job="b", state=None))
     assert t.state("b") is JobState.FAULTED and t.job("b").fault
 
 
@@ -759,7 +759,7 @@ def test_reconciled_is_ignored_when_something_newer_happened(t: Harness, setup: 
         t.faulted()
     job = "nobody" if setup == "unknown" else "a"
     for answer in (JobState.RUNNING, JobState.SAVED, None):
-        t.ignore(Reconciled(9.0, "g", job, answer, "cannot tell"))
+        t.ignore(Reconciled(now=9.0, group="g", job=job, state=answer, reason="cannot tell"))
 
 
 # --- recovery -------------------------------------------------------------------------
@@ -779,13 +779,13 @@ def test_recover_fails_what_ran_and_asks_about_the_rest(t: Harness) -> None:
     t.idle("idle", now=3.0)
     finished_before = t.table.to_dict()["operations"][0]
 
-    effects = t.handle(Recover(50.0))
+    effects = t.handle(Recover(now=50.0))
 
     assert t.table.epoch == 1
     assert effects == [
-        Reconcile("g", "running"),
-        Reconcile("g", "saved"),
-        Reconcile("g", "idle"),
+        Reconcile(group="g", job="running"),
+        Reconcile(group="g", job="saved"),
+        Reconcile(group="g", job="idle"),
     ]
     job = t.job("moving")
     assert (job.state, job.since) == (JobState.FAULTED, 50.0)
@@ -796,13 +796,13 @@ def test_recover_fails_what_ran_and_asks_about_the_rest(t: Harness) -> None:
     assert t.table.to_dict()["operations"][0] == finished_before
     assert t.job("faulted").fault == "the workload went away"
     assert t.state("idle") is JobState.IDLE and t.state("saved") is JobState.SAVED
-    t.ignore(Finish(51.0, moving, True))
-    t.handle(Recover(60.0))
+    t.ignore(Finish(now=51.0, op_id=moving, ok=True))
+    t.handle(Recover(now=60.0))
     assert t.table.epoch == 2
 
 
 def test_recover_of_an_empty_table_starts_an_epoch(t: Harness) -> None:
-    assert t.handle(Recover(0.0)) == []
+    assert t.handle(Recover(now=0.0)) == []
     assert t.table.epoch == 1
 
 
@@ -810,8 +810,8 @@ def test_operation_ids_keep_counting_after_a_restart(t: Harness) -> None:
     t.register()
     t.finish(t.snapshot())
     restored = Harness(JobTable.from_dict(json.loads(json.dumps(t.table.to_dict()))))
-    restored.handle(Recover(1.0))
-    restored.handle(Reconciled(2.0, "g", "a", JobState.SAVED))
+    restored.handle(Recover(now=1.0))
+    restored.handle(Reconciled(now=2.0, group="g", job="a", state=JobState.SAVED))
     assert restored.restore() == "op-2"
 
 
@@ -823,11 +823,11 @@ BAD_IDS = ["", "x" * 257, "é" * 129, "a\nb", "a\x00b", "tab\there", "\x7f"]
 @pytest.mark.parametrize("bad", BAD_IDS)
 def test_invalid_ids_are_refused(t: Harness, bad: str) -> None:
     t.register()
-    t.refuse(Register(0, "g", bad, "noop", {}), InvalidArgumentError)
-    t.refuse(Start(0, SNAPSHOT, "g", bad, 10.0, backend="noop"), InvalidArgumentError)
+    t.refuse(Register(now=0, group="g", job=bad, backend="noop", config={}), InvalidArgumentError)
+    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job=bad, timeout=10.0, backend="noop"), InvalidArgumentError)
     if bad:  # an empty group means any group
-        t.refuse(Register(0, bad, "a", "noop", {}), InvalidArgumentError)
-        t.refuse(Start(0, SNAPSHOT, bad, "a", 10.0), InvalidArgumentError)
+        t.refuse(Register(now=0, group=bad, job="a", backend="noop", config={}), InvalidArgumentError)
+        t.refuse(Start(now=0, kind=SNAPSHOT, group=bad, job="a", timeout=10.0), InvalidArgumentError)
 
 
 @pytest.mark.parametrize("good", ["x" * 256, "é" * 128, "jöb 🚀", "a.b-c_d:e/f"])
@@ -861,24 +861,24 @@ def busy_table() -> Harness:
     t.register("saved", group="g1", now=5.5, state=JobState.SAVED, backend="cuda")
     t.faulted("faulted", group="g2", now=6.0)
     t.idle("idle", group="g2", now=6.0)
-    t.handle(Recover(7.0))
+    t.handle(Recover(now=7.0))
     t.snapshot("running", group="g1", now=8.0, timeout=20.0)
     return t
 
 
 FOLLOW_UP: list[Event] = [
-    Finish(9.0, "op-4", True, storage_bytes=1, device_bytes=2),
-    Start(10.0, RESTORE, "g1", "running", 10.0, token=5),
-    Reset(11.0, "g2", "faulted"),
-    Reconciled(12.0, "g2", "faulted", JobState.SAVED),
-    Reconciled(12.0, "g1", "saved", JobState.SAVED),
-    Start(12.5, RESTORE, "g1", "saved", 1.0, token=1),  # stale: refused by both
-    Reset(12.5, "g1", "running"),  # not faulted: refused by both
-    Start(13.0, RESTORE, "g1", "saved", 1.0, token=6),
-    Lost(13.5, "g1", "running", "gone"),
-    Tick(14.0),
-    Recover(15.0),
-    Tick(200.0),
+    Finish(now=9.0, op_id="op-4", ok=True, storage_bytes=1, device_bytes=2),
+    Start(now=10.0, kind=RESTORE, group="g1", job="running", timeout=10.0, token=5),
+    Reset(now=11.0, group="g2", job="faulted"),
+    Reconciled(now=12.0, group="g2", job="faulted", state=JobState.SAVED),
+    Reconciled(now=12.0, group="g1", job="saved", state=JobState.SAVED),
+    Start(now=12.5, kind=RESTORE, group="g1", job="saved", timeout=1.0, token=1),  # stale: refused by both
+    Reset(now=12.5, group="g1", job="running"),  # not faulted: refused by both
+    Start(now=13.0, kind=RESTORE, group="g1", job="saved", timeout=1.0, token=6),
+    Lost(now=13.5, group="g1", job="running", reason="gone"),
+    Tick(now=14.0),
+    Recover(now=15.0),
+    Tick(now=200.0),
 ]
 
 
@@ -935,7 +935,7 @@ def test_a_limited_copy_keeps_every_pending_and_the_newest_finished_operations(
     finished = []
     for i in range(6):
         op = t.snapshot("a", now=float(i)) if i % 2 == 0 else t.restore("a", now=float(i))
-        t.handle(Finish(float(i), op, True))
+        t.handle(Finish(now=float(i), op_id=op, ok=True))
         finished.append(op)
     kept = [o["op_id"] for o in t.table.to_dict(finished=2)["operations"]]
     assert kept == ["op-1", *finished[-2:]]

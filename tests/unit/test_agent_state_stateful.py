@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 from timeslice.agent.state import (
     RESTORE,
     SNAPSHOT,
+    AwaitOperations,
     Cancel,
     Done,
     Effect,
@@ -36,6 +37,7 @@ from timeslice.agent.state import (
     Lost,
     Operation,
     OpStatus,
+    PlanSwitch,
     Reconcile,
     Reconciled,
     Recover,
@@ -43,6 +45,9 @@ from timeslice.agent.state import (
     Reset,
     Run,
     Start,
+    StartOperations,
+    SwitchEnded,
+    SwitchStage,
     Tick,
 )
 from timeslice.errors import (
@@ -179,7 +184,7 @@ class JobTableMachine(RuleBasedStateMachine):
         group, job = self.choose(group, job, pick)
         existing = self.table.jobs.get((group, job))
         others = {c for j in self.table.jobs.values() if j.key != (group, job) for c in j.claims}
-        outcome = self.apply(Register(self.now, group, job, backend, {"n": 1}, taken, state))
+        outcome = self.apply(Register(now=self.now, group=group, job=job, backend=backend, config={"n": 1}, claims=taken, state=state))
         if state not in (R, S):
             assert isinstance(outcome, InvalidArgumentError), outcome
         elif existing is not None and (existing.state is T or existing.backend != backend):
@@ -216,7 +221,7 @@ class JobTableMachine(RuleBasedStateMachine):
         found = self.table.find(group, job)
         was = found.state if found else None
         others = {c for j in self.table.jobs.values() if j.key != (group, job) for c in j.claims}
-        event = Start(self.now, kind, group, job, timeout, fencing, backend, None, taken)
+        event = Start(now=self.now, kind=kind, group=group, job=job, timeout=timeout, token=fencing, backend=backend, config=None, claims=taken)
         outcome = self.apply(event)
         needed = R if kind == SNAPSHOT else S
         if timeout <= 0:
@@ -267,11 +272,11 @@ class JobTableMachine(RuleBasedStateMachine):
         op_id = "op-0" if stale else self.op_ids[pick % len(self.op_ids)]
         op = self.table.operations.get(op_id)
         was_pending = op is not None and op.status is OpStatus.PENDING
-        outcome = self.apply(Finish(self.now, op_id, ok, stored, stored, "backend failed"))
+        outcome = self.apply(Finish(now=self.now, op_id=op_id, ok=ok, storage_bytes=stored, device_bytes=stored, error="backend failed"))
         if not was_pending:
             assert outcome == [], outcome
             return
-        assert outcome == [Done(op_id)], outcome
+        assert outcome == [Done(op_id=op_id)], outcome
         assert op is not None
         job = self.table.jobs[(op.group, op.job)]
         if ok:
@@ -287,7 +292,7 @@ class JobTableMachine(RuleBasedStateMachine):
         """Most picks of `finish` land on finished operations; this one never does."""
         pending = self.pending()
         op_id = pending[pick % len(pending)]
-        assert self.apply(Finish(self.now, op_id, ok)) == [Done(op_id)]
+        assert self.apply(Finish(now=self.now, op_id=op_id, ok=ok)) == [Done(op_id=op_id)]
 
     @rule(group=groups, job=jobs, pick=picks, reason=st.sampled_from(["", "process exited"]))
     def lost(self, group: str, job: str, pick: int | None, reason: str) -> None:
@@ -296,14 +301,14 @@ class JobTableMachine(RuleBasedStateMachine):
         was = found.state if found else None
         running = found.operation if was is T and found else None
         before = self.table.to_dict()
-        outcome = self.apply(Lost(self.now, group, job, reason))
+        outcome = self.apply(Lost(now=self.now, group=group, job=job, reason=reason))
         if found is None or was is F:
             assert outcome == [], outcome
             assert self.table.to_dict() == before
             return
         assert found.state is F and found.fault
         if running is not None:
-            assert outcome == [Cancel(running), Done(running)], outcome
+            assert outcome == [Cancel(op_id=running), Done(op_id=running)], outcome
         else:
             assert outcome == [], outcome
 
@@ -322,14 +327,14 @@ class JobTableMachine(RuleBasedStateMachine):
         group, job = self.choose(group, job, pick)
         found = self.table.find(group, job)
         was = found.state if found else None
-        outcome = self.apply(Reset(self.now, group, job))
+        outcome = self.apply(Reset(now=self.now, group=group, job=job))
         if found is None:
             assert isinstance(outcome, NotFoundError), outcome
             return
         if was is not F:
             assert isinstance(outcome, ConflictError), outcome
             return
-        assert outcome == [Reconcile(*found.key)], outcome
+        assert outcome == [Reconcile(group=found.group, job=found.job)], outcome
         assert (found.state, found.fault) == (IDLE, "")
         if ask:
             self.reconciled(found.group, found.job, None, answer)
@@ -339,7 +344,7 @@ class JobTableMachine(RuleBasedStateMachine):
         group, job = self.choose(group, job, pick)
         found = self.table.jobs.get((group, job))
         was = found.state if found else None
-        outcome = self.apply(Reconciled(self.now, group, job, answer, "backend cannot tell"))
+        outcome = self.apply(Reconciled(now=self.now, group=group, job=job, state=answer, reason="backend cannot tell"))
         assert outcome == [], outcome
         if found is None or was in (T, F):
             assert found is None or found.state is was
@@ -352,7 +357,7 @@ class JobTableMachine(RuleBasedStateMachine):
         due = {o.op_id for o in self.table.operations.values()
                if o.status is OpStatus.PENDING and o.deadline <= self.now}  # fmt: skip
         pending = set(self.pending()) - due
-        outcome = self.apply(Tick(self.now))
+        outcome = self.apply(Tick(now=self.now))
         assert isinstance(outcome, list), outcome
         cancels = [e.op_id for e in outcome if isinstance(e, Cancel)]
         dones = [e.op_id for e in outcome if isinstance(e, Done)]
@@ -370,10 +375,10 @@ class JobTableMachine(RuleBasedStateMachine):
     def recover(self) -> None:
         epoch = self.table.epoch
         pending = self.pending()
-        expected = [Reconcile(*job.key) for job in self.table.jobs.values()
+        expected = [Reconcile(group=job.group, job=job.job) for job in self.table.jobs.values()
                     if job.state not in (T, F)]  # fmt: skip
         moving = [job.key for job in self.table.jobs.values() if job.state is T]
-        assert self.apply(Recover(self.now)) == expected
+        assert self.apply(Recover(now=self.now)) == expected
         assert self.table.epoch == epoch + 1
         for op_id in pending:
             op = self.table.operations[op_id]
@@ -381,6 +386,60 @@ class JobTableMachine(RuleBasedStateMachine):
         for key in moving:
             job = self.table.jobs[key]
             assert job.state is F and job.operation in job.fault
+
+    @rule(
+        group=st.sampled_from(GROUPS[:2]),
+        job=st.sampled_from(("", *JOBS)),
+        stage=st.sampled_from(list(SwitchStage)),
+        named=st.lists(jobs, max_size=3, unique=True),
+        registered=st.lists(jobs, max_size=3, unique=True),
+        token=st.integers(0, 6),
+    )
+    def plan_switch(
+        self,
+        group: str,
+        job: str,
+        stage: SwitchStage,
+        named: list[str],
+        registered: list[str],
+        token: int,
+    ) -> None:
+        """Each stage of a switch plan is a question: it changes nothing, and its
+        answer follows from where the group's contexts are."""
+        before = self.table.to_dict()
+        event = PlanSwitch(now=self.now, group=group, job=job, token=token, stage=stage,
+                           jobs=tuple(named), registered=tuple(registered))  # fmt: skip
+        outcome = self.apply(event)
+        assert self.table.to_dict() == before
+        if stage is SwitchStage.SETTLE and token < self.table.tokens.get(group, 0):
+            assert isinstance(outcome, LeaseLostError), outcome
+            return
+        assert isinstance(outcome, list) and len(outcome) == 1, outcome
+        [answer] = outcome
+        members = [j for j in self.table.jobs.values()
+                   if j.group == group or (not j.group and j.job in named)]  # fmt: skip
+        target = self.table.find(group, job) if job else None
+        match stage:
+            case SwitchStage.SETTLE:
+                moving = {j.operation for j in members if j.state is T}
+                assert isinstance(answer, AwaitOperations) and set(answer.op_ids) == moving
+            case SwitchStage.EVICT:
+                assert isinstance(answer, StartOperations) and answer.kind == SNAPSHOT
+                live = {j.job for j in members if j.state is R and j.job != job}
+                unknown = {j for j in registered if j != job and not self.table.find(group, j)}
+                assert set(answer.jobs) == live | unknown, (answer, live, unknown)
+            case SwitchStage.RESTORE:
+                assert isinstance(answer, StartOperations) and answer.kind == RESTORE
+                saved = target is not None and target.state is S
+                assert answer.jobs == ((job,) if saved else ())
+            case SwitchStage.REPORT:
+                assert isinstance(answer, SwitchEnded)
+                assert answer.next_state == (target.state if target else None)
+                assert set(answer.faulted) == {j.key for j in members if j.state is F}
+                if answer.restored:
+                    assert target is not None and target.state is R
+                    op = self.table.operations[target.operation]
+                    assert (op.kind, op.token, op.status) == (RESTORE, token, OpStatus.COMPLETE)
 
     @rule()
     def round_trip(self) -> None:

@@ -43,7 +43,7 @@ class Player:
         self.asked: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (call, groups)
         self.holds: dict[str, set[str]] = {job: set() for job in JOBS}
         for group, policy in policies.items():
-            self.step(ev.SetPolicy(0.0, group, policy, aging=5.0))
+            self.step(ev.SetPolicy(now=0.0, group=group, policy=policy, aging=5.0))
 
     def step(self, event: ev.Event) -> list[ev.Effect]:
         self.now += 1.0
@@ -70,18 +70,18 @@ class Player:
         self.asked[job] = (call, tuple(groups))
         first, *more = groups
         self.step(
-            ev.Acquire(self.now, first, job, call, priority=priority, more_groups=tuple(more))
+            ev.Acquire(now=self.now, group=first, job=job, call_id=call, priority=priority, more_groups=tuple(more))
         )
 
     def release(self, job: str) -> None:
         for group in sorted(self.holds[job]):
-            self.step(ev.Yield(self.now, group, job))
+            self.step(ev.Yield(now=self.now, group=group, job=job))
             self.holds[job].discard(group)
 
     def cancel(self, job: str) -> None:
         if job in self.asked:
             call, groups = self.asked[job]
-            self.step(ev.DropWaiter(self.now, groups[0], job, call, ev.REASON_CANCELLED))
+            self.step(ev.DropWaiter(now=self.now, group=groups[0], job=job, call_id=call, reason=ev.Reason.CANCELLED))
             assert job not in self.asked or not any(
                 job in self.table.groups[g].queue for g in groups
             )
@@ -91,7 +91,7 @@ class Player:
 @settings(max_examples=300, deadline=None)
 @given(
     steps=steps,
-    policies=st.fixed_dictionaries({g: st.sampled_from(ev.POLICIES) for g in GROUPS}),
+    policies=st.fixed_dictionaries({g: st.sampled_from(tuple(ev.Policy)) for g in GROUPS}),
 )
 def test_bundles_are_granted_whole_and_every_waiter_is_served_in_the_end(
     steps: list[tuple[str, str, list[str], int]], policies: dict[str, str]

@@ -8,49 +8,51 @@ from typing import Any
 
 import pytest
 
+from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.state import LockTable
 
 # Every event type, with every optional field set away from its default.
 EVENTS: list[ev.Event] = [
-    ev.Acquire(1.5, "g", "job", "0.1", "req-1", lease_ttl=30.0, wait_deadline=9.25),
-    ev.Acquire(1.5, "g", "job", "0.2", priority=-3),
-    ev.Acquire(0.0, "g", "job", "0.2"),
-    ev.Yield(2.0, "g", "job", "req-2", token=7),
-    ev.Yield(2.0, "g", "job"),
-    ev.KeepAlive(3.0, "g", "job", "lease-7"),
-    ev.DropWaiter(4.0, "g", "job", "0.3", ev.REASON_CANCELLED),
-    ev.DropWaiter(4.0, "g", "job", "", ev.REASON_NOT_RECLAIMED),
-    ev.Revoke(5.0, "g", 7, ev.REASON_NOT_DELIVERED, "0.4"),
-    ev.Revoke(5.0, "g", 7, ev.REASON_LEASE_EXPIRED),
-    ev.ForceRelease(6.0, "g", "job", "stuck"),
-    ev.ForceRelease(6.0, "g"),
-    ev.SetHoldLimit(7.0, "", 60.0),
-    ev.SetHoldLimit(7.0, "g", None),
-    ev.SetPolicy(7.5, "", "lrs"),
-    ev.SetHoldLimit(7.0, "h", 30.0, grace=5.0),
-    ev.RequestYield(8.0, "g", 3),
-    ev.SetPolicy(7.5, "g", "priority", aging=2.5),
-    ev.Recover(8.0, 15.0),
-    ev.SetGroupNodes(8.5, "g", ("n1", "127.0.0.1:9001")),
-    ev.SetGroupNodes(8.5, "g", ()),
-    ev.RegisterAgent(8.6, "n1", "10.0.0.1:9001"),
-    ev.SetJobBackend(8.7, "g", "job", "n1", {"cuda": {"explicitTarget": {"pids": [12]}}}),
-    ev.SetJobBackend(8.7, "g", "job", "", None),
+    ev.Acquire(now=1.5, group="g", job="job", call_id="0.1", request_id="req-1", lease_ttl=30.0, wait_deadline=9.25),
+    ev.Acquire(now=1.5, group="g", job="job", call_id="0.2", priority=-3),
+    ev.Acquire(now=0.0, group="g", job="job", call_id="0.2"),
+    ev.Yield(now=2.0, group="g", job="job", request_id="req-2", token=7),
+    ev.Yield(now=2.0, group="g", job="job"),
+    ev.KeepAlive(now=3.0, group="g", job="job", lease_id="lease-7"),
+    ev.DropWaiter(now=4.0, group="g", job="job", call_id="0.3", reason=ev.Reason.CANCELLED),
+    ev.DropWaiter(now=4.0, group="g", job="job", call_id="", reason=ev.Reason.NOT_RECLAIMED),
+    ev.Revoke(now=5.0, group="g", token=7, reason=ev.Reason.NOT_DELIVERED, call_id="0.4"),
+    ev.Revoke(now=5.0, group="g", token=7, reason=ev.Reason.LEASE_EXPIRED),
+    ev.ForceRelease(now=6.0, group="g", job="job", reason="stuck"),
+    ev.ForceRelease(now=6.0, group="g"),
+    ev.SetHoldLimit(now=7.0, group="", max_hold=60.0),
+    ev.SetHoldLimit(now=7.0, group="g", max_hold=None),
+    ev.SetPolicy(now=7.5, group="", policy=ev.Policy.LRS),
+    ev.SetHoldLimit(now=7.0, group="h", max_hold=30.0, grace=5.0),
+    ev.RequestYield(now=8.0, group="g", token=3),
+    ev.SetPolicy(now=7.5, group="g", policy=ev.Policy.PRIORITY, aging=2.5),
+    ev.Recover(now=8.0, grace=15.0),
+    ev.SetGroupNodes(now=8.5, group="g", nodes=("n1", "127.0.0.1:9001")),
+    ev.SetGroupNodes(now=8.5, group="g", nodes=()),
+    ev.RegisterAgent(now=8.6, node="n1", address="10.0.0.1:9001"),
+    ev.SetJobBackend(now=8.7, group="g", job="job", node="n1", backend={"cuda": {"explicitTarget": {"pids": [12]}}}),
+    ev.SetJobBackend(now=8.7, group="g", job="job", node="", backend=None),
     ev.SwitchDone(
-        8.8,
-        "g",
-        4,
-        True,
-        (("other", "snapshot failed"),),
-        "",
-        1 << 20,
-        8.1,
-        (("n1", "other", "snapshot", 0.25, 1 << 19), ("n1", "job", "restore", 0.5, 1 << 19)),
+        now=8.8,
+        group="g",
+        token=4,
+        restored=True,
+        faults=(("other", "snapshot failed"),),
+        error="",
+        moved_bytes=1 << 20,
+        began=8.1,
+        steps=(("n1", "other", "snapshot", 0.25, 1 << 19), ("n1", "job", "restore", 0.5, 1 << 19)),
     ),  # fmt: skip
-    ev.SwitchDone(8.8, "g", 4, False, error="agent n2 unreachable"),
-    ev.ResetJob(8.9, "g", "other"),
-    ev.Acquire(9.0, "gröup ✓", "jöb", "1.1", "ré"),
+    ev.SwitchDone(now=8.8, group="g", token=4, restored=False, error="agent n2 unreachable"),
+    ev.ResetJob(now=8.9, group="g", job="other"),
+    ev.WorkloadSeen(now=8.95, group="g", job="job", seen=(Liveness.GONE, Liveness.UNKNOWN)),
+    ev.Acquire(now=9.0, group="gröup ✓", job="jöb", call_id="1.1", request_id="ré"),
 ]
 
 
@@ -112,23 +114,23 @@ def test_a_dict_with_a_missing_or_extra_field_is_refused() -> None:
 
 
 def test_events_are_frozen() -> None:
-    event = ev.Recover(1.0, 2.0)
+    event = ev.Recover(now=1.0, grace=2.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.grace = 3.0  # type: ignore[misc]
 
 
 def test_a_table_fed_round_tripped_events_ends_where_the_original_did() -> None:
     history: list[ev.Event] = [
-        ev.SetHoldLimit(0, "", 100.0),
-        ev.Acquire(0, "g", "a", "0.1", "ra", lease_ttl=10.0),
-        ev.Acquire(1, "g", "b", "0.2", "rb", wait_deadline=50.0),
-        ev.Acquire(2, "g", "c", "0.3"),
-        ev.DropWaiter(3, "g", "c", "0.3", ev.REASON_CANCELLED),
-        ev.Revoke(10, "g", 1, ev.REASON_LEASE_EXPIRED),
-        ev.Recover(11, 5.0),
-        ev.Yield(12, "g", "b", "yb", token=2),
-        ev.Acquire(13, "g", "a", "1.1"),
-        ev.ForceRelease(14, "g", "a", "test"),
+        ev.SetHoldLimit(now=0, group="", max_hold=100.0),
+        ev.Acquire(now=0, group="g", job="a", call_id="0.1", request_id="ra", lease_ttl=10.0),
+        ev.Acquire(now=1, group="g", job="b", call_id="0.2", request_id="rb", wait_deadline=50.0),
+        ev.Acquire(now=2, group="g", job="c", call_id="0.3"),
+        ev.DropWaiter(now=3, group="g", job="c", call_id="0.3", reason=ev.Reason.CANCELLED),
+        ev.Revoke(now=10, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED),
+        ev.Recover(now=11, grace=5.0),
+        ev.Yield(now=12, group="g", job="b", request_id="yb", token=2),
+        ev.Acquire(now=13, group="g", job="a", call_id="1.1"),
+        ev.ForceRelease(now=14, group="g", job="a", reason="test"),
     ]
     original, replayed = LockTable(), LockTable()
     for event in history:
@@ -141,6 +143,6 @@ def test_a_table_fed_round_tripped_events_ends_where_the_original_did() -> None:
 
 
 def test_an_acquire_journaled_before_priorities_existed_reads_as_priority_0() -> None:
-    data = ev.event_to_dict(ev.Acquire(1.0, "g", "job", "0.1"))
+    data = ev.event_to_dict(ev.Acquire(now=1.0, group="g", job="job", call_id="0.1"))
     del data["priority"]
-    assert ev.event_from_dict(data) == ev.Acquire(1.0, "g", "job", "0.1", priority=0)
+    assert ev.event_from_dict(data) == ev.Acquire(now=1.0, group="g", job="job", call_id="0.1", priority=0)

@@ -14,6 +14,7 @@ from typing import ClassVar
 import pytest
 
 from timeslice.errors import InvalidArgumentError
+from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import (
     Journal,
@@ -28,23 +29,24 @@ from timeslice.orchestrator.state import LockTable
 POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
 
 EVENTS: list[ev.Event] = [
-    ev.SetHoldLimit(0.5, "", 60.0),
-    ev.SetPolicy(0.5, "g", "priority", aging=2.0),
-    ev.RequestYield(0.5, "g", 1),
-    ev.Acquire(1.0, "g", "a", "0.1", "ra", lease_ttl=30.0, wait_deadline=None),
-    ev.Acquire(1.25, "g", "b", "0.2", "", None, 99.125),
-    ev.KeepAlive(2.0, "g", "a", "lease-1"),
-    ev.DropWaiter(3.0, "g", "b", "0.2", ev.REASON_CANCELLED),
-    ev.Yield(4.0, "g", "a", "ya", token=1),
-    ev.Revoke(5.0, "g", 1, ev.REASON_NOT_DELIVERED, "0.1"),
-    ev.ForceRelease(6.0, "g", "a", 'ends with a quote " and a newline\n'),
-    ev.Recover(7.0, 15.0),
-    ev.Acquire(8.0, "gröup ✓", "jöb 🚀", "1.1"),
-    ev.SetGroupNodes(8.5, "g", ("n1", "n2")),
-    ev.RegisterAgent(8.6, "n1", "127.0.0.1:9001"),
-    ev.SetJobBackend(8.7, "g", "a", "", {"named": {"name": "noop"}}),
-    ev.SwitchDone(8.8, "g", 2, True, (("b", "snapshot op-3 failed: boom"),), "", 4096),
-    ev.ResetJob(8.9, "g", "b"),
+    ev.SetHoldLimit(now=0.5, group="", max_hold=60.0),
+    ev.SetPolicy(now=0.5, group="g", policy=ev.Policy.PRIORITY, aging=2.0),
+    ev.RequestYield(now=0.5, group="g", token=1),
+    ev.Acquire(now=1.0, group="g", job="a", call_id="0.1", request_id="ra", lease_ttl=30.0, wait_deadline=None),
+    ev.Acquire(now=1.25, group="g", job="b", call_id="0.2", request_id="", lease_ttl=None, wait_deadline=99.125),
+    ev.KeepAlive(now=2.0, group="g", job="a", lease_id="lease-1"),
+    ev.DropWaiter(now=3.0, group="g", job="b", call_id="0.2", reason=ev.Reason.CANCELLED),
+    ev.Yield(now=4.0, group="g", job="a", request_id="ya", token=1),
+    ev.Revoke(now=5.0, group="g", token=1, reason=ev.Reason.NOT_DELIVERED, call_id="0.1"),
+    ev.ForceRelease(now=6.0, group="g", job="a", reason='ends with a quote " and a newline\n'),
+    ev.Recover(now=7.0, grace=15.0),
+    ev.Acquire(now=8.0, group="gröup ✓", job="jöb 🚀", call_id="1.1"),
+    ev.SetGroupNodes(now=8.5, group="g", nodes=("n1", "n2")),
+    ev.RegisterAgent(now=8.6, node="n1", address="127.0.0.1:9001"),
+    ev.WorkloadSeen(now=8.65, group="g", job="a", seen=(Liveness.GONE, Liveness.UNKNOWN)),
+    ev.SetJobBackend(now=8.7, group="g", job="a", node="", backend={"named": {"name": "noop"}}),
+    ev.SwitchDone(now=8.8, group="g", token=2, restored=True, faults=(("b", "snapshot op-3 failed: boom"),), error="", moved_bytes=4096),
+    ev.ResetJob(now=8.9, group="g", job="b"),
 ]
 
 Factory = Callable[[], Journal]
@@ -88,7 +90,7 @@ class JournalContract:
 
     async def test_a_failed_append_writes_nothing(self, journal: Journal) -> None:
         await journal.append(EVENTS[:2])
-        unwritable = ev.Recover(9.0, grace=object())  # type: ignore[arg-type]
+        unwritable = ev.Recover(now=9.0, grace=object())  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             await journal.append([EVENTS[2], unwritable])
         assert [e for _, _, e in await journal.read()] == EVENTS[:2]

@@ -23,7 +23,7 @@ from timeslice.orchestrator.journal import SqlJournal, open_journal
 POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.timeout(30)
 
-EVENT = ev.Acquire(1.0, "g", "a", "0.1")
+EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
 
 
 async def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from timeslice.orchestrator.journal import SCHEMA_VERSION, SqlJournal, normalize
 
 pytestmark = pytest.mark.timeout(30)
 
-EVENT = ev.Acquire(1.0, "g", "a", "0.1")
+EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
 
 
 def mode(path: Path) -> int:
@@ -270,7 +270,7 @@ async def test_a_full_disk_says_so_and_the_journal_goes_on_once_there_is_room(
         writer = journal._writer  # the appends' connection: make its database full
         pages = writer.execute("PRAGMA page_count").fetchone()[0]
         writer.execute(f"PRAGMA max_page_count = {pages}")
-        big = ev.ForceRelease(2.0, "g", "a", "x" * 200_000)
+        big = ev.ForceRelease(now=2.0, group="g", job="a", reason="x" * 200_000)
         with pytest.raises(JournalError) as full:
             await journal.append([big])
         assert str(full.value) == f"journal {path}: the disk is full (database or disk is full)"

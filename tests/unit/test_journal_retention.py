@@ -32,7 +32,7 @@ from timeslice.replay import read_journal
 POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.timeout(60)
 
-EVENT = ev.Acquire(1.0, "g", "a", "0.1")
+EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
 
 
 class Clock:

@@ -22,7 +22,7 @@ from timeslice.orchestrator.state import GroupState, LockTable
 def t() -> Iterator[Harness]:
     """A table whose group "g" spans two nodes."""
     harness = Harness()
-    harness.handle(ev.SetGroupNodes(0, "g", NODES))
+    harness.handle(ev.SetGroupNodes(now=0, group="g", nodes=NODES))
     yield harness
     harness.table.validate()
 
@@ -36,7 +36,7 @@ def lease_expired(t: Harness, now: float) -> list[ev.Effect]:
     [started] = t.acquire("a", now=0, lease_ttl=1.0)
     assert isinstance(started, ev.SwitchStarted)
     done(t, started.token, now=0)
-    assert t.acquire("b", now=0.5) == [ev.Queued("g", "b", "call-b", 0)]
+    assert t.acquire("b", now=0.5) == [ev.Queued(group="g", job="b", call_id="call-b", position=0)]
     return t.run_due(now)
 
 
@@ -44,8 +44,8 @@ def test_a_holder_whose_lease_expires_is_the_revoked_job_of_the_switch_after_it(
     t: Harness,
 ) -> None:
     assert lease_expired(t, now=1.0) == [
-        ev.Revoked("g", "a", 1, ev.REASON_LEASE_EXPIRED),
-        ev.SwitchStarted("g", "b", 2, "a"),
+        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED),
+        ev.SwitchStarted(group="g", job="b", token=2, previous="a"),
     ]
     assert revoked(t) == "a"
     # The switch reads it while it runs; once it is done a's context is saved (or
@@ -57,16 +57,16 @@ def test_a_holder_whose_lease_expires_is_the_revoked_job_of_the_switch_after_it(
 def test_a_yielding_holder_is_not_revoked(t: Harness) -> None:
     holding(t, "a", now=0)
     t.acquire("b", now=1)
-    assert t.yield_("a", now=2)[1] == ev.SwitchStarted("g", "b", 2, "a")
+    assert t.yield_("a", now=2)[1] == ev.SwitchStarted(group="g", job="b", token=2, previous="a")
     assert revoked(t) == ""
 
 
 @pytest.mark.parametrize(
     "end",
     [
-        ev.Revoke(2, "g", 1, ev.REASON_HOLD_LIMIT),
-        ev.Revoke(2, "g", 1, ev.REASON_HOLDER_GONE),
-        ev.ForceRelease(2, "g"),
+        ev.Revoke(now=2, group="g", token=1, reason=ev.Reason.HOLD_LIMIT),
+        ev.Revoke(now=2, group="g", token=1, reason=ev.Reason.HOLDER_GONE),
+        ev.ForceRelease(now=2, group="g"),
     ],
     ids=["hold-limit", "holder-gone", "force-release"],
 )
@@ -76,7 +76,7 @@ def test_every_end_of_a_grant_but_a_yield_marks_the_holder_revoked(
     holding(t, "a", now=0)
     t.acquire("b", now=1)
     effects = t.handle(end)
-    assert effects[-1] == ev.SwitchStarted("g", "b", 2, "a")
+    assert effects[-1] == ev.SwitchStarted(group="g", job="b", token=2, previous="a")
     assert revoked(t) == "a"
 
 
@@ -84,12 +84,12 @@ def test_a_revoked_holder_nobody_waited_for_stays_revoked_until_the_next_switch(
     t: Harness,
 ) -> None:
     holding(t, "a", now=0)
-    assert t.handle(ev.Revoke(1, "g", 1, ev.REASON_LEASE_EXPIRED)) == [
-        ev.Revoked("g", "a", 1, ev.REASON_LEASE_EXPIRED)
+    assert t.handle(ev.Revoke(now=1, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED)) == [
+        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED)
     ]
     # Its context stays live, and it may still be frozen when the next job comes.
     assert (t.state(), revoked(t)) == (GroupState.IDLE_YIELDED, "a")
-    assert t.acquire("b", now=5) == [ev.SwitchStarted("g", "b", 2, "a")]
+    assert t.acquire("b", now=5) == [ev.SwitchStarted(group="g", job="b", token=2, previous="a")]
     assert revoked(t) == "a"
     done(t, 2, now=6)
     assert revoked(t) == ""
@@ -97,12 +97,12 @@ def test_a_revoked_holder_nobody_waited_for_stays_revoked_until_the_next_switch(
 
 def test_a_revoked_holder_granted_again_is_alive_and_no_longer_revoked(t: Harness) -> None:
     holding(t, "a", now=0)
-    t.handle(ev.ForceRelease(1, "g"))
+    t.handle(ev.ForceRelease(now=1, group="g"))
     [grant] = t.acquire("a", now=2, call_id="a-2")
     assert isinstance(grant, ev.Granted) and not grant.context_restored  # nothing moved
     assert revoked(t) == ""
     t.acquire("b", now=3)
-    assert t.yield_("a", now=4)[1] == ev.SwitchStarted("g", "b", 3, "a")
+    assert t.yield_("a", now=4)[1] == ev.SwitchStarted(group="g", job="b", token=3, previous="a")
     assert revoked(t) == ""  # it yielded this time
 
 
@@ -111,7 +111,7 @@ def test_a_failed_switch_keeps_the_revoked_job_for_the_next_one(t: Harness) -> N
     t.acquire("c", now=1.2)
     # One node could not be reached: a's context may still be live there.
     effects = done(t, 2, now=2.0, error="n2: unreachable")
-    assert effects[-1] == ev.SwitchStarted("g", "c", 3, "")
+    assert effects[-1] == ev.SwitchStarted(group="g", job="c", token=3, previous="")
     assert revoked(t) == "a"
     done(t, 3, now=3.0)
     assert (t.holder(), revoked(t)) == ("c", "")
@@ -121,14 +121,14 @@ def test_a_switch_ended_before_it_was_done_does_not_mark_its_target_revoked(
     t: Harness,
 ) -> None:
     t.acquire("a", now=0)
-    t.handle(ev.ForceRelease(1, "g"))
+    t.handle(ev.ForceRelease(now=1, group="g"))
     assert (group(t).loaded_job, revoked(t)) == ("", "")
 
 
 def test_a_group_without_nodes_clears_it_at_the_next_grant() -> None:
     t = Harness()
     t.acquire("a", now=0)
-    t.handle(ev.ForceRelease(1, "g"))
+    t.handle(ev.ForceRelease(now=1, group="g"))
     assert revoked(t) == "a"
     t.acquire("b", now=2)
     assert (t.holder(), revoked(t)) == ("b", "")

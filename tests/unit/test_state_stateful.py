@@ -30,6 +30,7 @@ from timeslice.errors import (
     NotHolderError,
     TimeSliceError,
 )
+from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.state import LockTable
 
@@ -118,7 +119,7 @@ class LockTableMachine(RuleBasedStateMachine):
                     self.call[e.group, e.job] = e.call_id
                 case ev.LeftQueue():
                     assert e.job in self.queue[e.group], (e, self.queue[e.group])
-                    if e.reason.startswith(ev.REASON_QUARANTINED):
+                    if e.reason is ev.Reason.QUARANTINED:
                         assert e.job in self.quarantined[e.group], e
                     self.queue[e.group].remove(e.job)
                 case ev.Yielded():
@@ -140,7 +141,7 @@ class LockTableMachine(RuleBasedStateMachine):
                         self.loaded[g] = self.active[g] = ""
                     else:
                         assert e.call_id == "", e
-                        if e.reason == ev.REASON_NOT_DELIVERED and not self.nodes[g]:
+                        if e.reason == ev.Reason.NOT_DELIVERED and not self.nodes[g]:
                             self.active[g] = self.loaded[g] = self.previous[g]
                     self.holder[g] = None
                 case ev.Superseded():
@@ -232,7 +233,7 @@ class LockTableMachine(RuleBasedStateMachine):
         for group in with_nodes:
             self.set_group_nodes(group, ("n1", "n2"))
         for group in GROUPS[:2]:
-            event = ev.Acquire(self.now, group, "a", self.fresh("call"), "", lease_ttl)
+            event = ev.Acquire(now=self.now, group=group, job="a", call_id=self.fresh("call"), request_id="", lease_ttl=lease_ttl)
             assert isinstance(self.acquire_event(event), list)
 
     @rule(
@@ -254,7 +255,7 @@ class LockTableMachine(RuleBasedStateMachine):
     ) -> None:
         rid = self.request_id("acq", reuse) if with_request else ""
         deadline = None if wait is None else self.now + wait
-        event = ev.Acquire(self.now, group, job, self.fresh("call"), rid, lease_ttl, deadline)
+        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=rid, lease_ttl=lease_ttl, wait_deadline=deadline)
         holding = self.holder[group] == job
         there = holding or job in self.queue[group]
         busy = self.holder[group] is not None
@@ -286,7 +287,7 @@ class LockTableMachine(RuleBasedStateMachine):
         if h is None or h == job or job in self.queue[group]:
             return
         before = self.table.to_dict()
-        event = ev.Acquire(self.now, group, job, self.fresh("call"), "", None, self.now)
+        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id="", lease_ttl=None, wait_deadline=self.now)
         refusal = ConflictError if job in self.quarantined[group] else DeadlineExceededError
         try:
             self.table.handle(event)
@@ -329,7 +330,7 @@ class LockTableMachine(RuleBasedStateMachine):
         before = self.table.to_dict()
         known = group in self.table.groups
         try:
-            effects = self.table.handle(ev.Yield(self.now, group, job, rid, fencing))
+            effects = self.table.handle(ev.Yield(now=self.now, group=group, job=job, request_id=rid, token=fencing))
         except NotFoundError:
             assert not known
             assert self.table.to_dict() == before
@@ -384,7 +385,7 @@ class LockTableMachine(RuleBasedStateMachine):
     def keep_alive(self, group: str, job: str) -> None:
         token = self.current_token(group, job)
         lease_id = f"lease-{token if token is not None else 0}"
-        outcome = self.apply(ev.KeepAlive(self.now, group, job, lease_id))
+        outcome = self.apply(ev.KeepAlive(now=self.now, group=group, job=job, lease_id=lease_id))
         if token is not None and not self.switching[group]:
             assert isinstance(outcome, list) and isinstance(outcome[0], ev.LeaseRenewed)
         elif group in self.table.groups:
@@ -396,9 +397,9 @@ class LockTableMachine(RuleBasedStateMachine):
     def drop_waiter(self, group: str, job: str, stale: bool) -> None:
         call = "stale-call" if stale else self.call.get((group, job), "")
         queued = job in self.queue[group]
-        effects = self.apply(ev.DropWaiter(self.now, group, job, call, ev.REASON_CANCELLED))
+        effects = self.apply(ev.DropWaiter(now=self.now, group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED))
         if queued and not stale:
-            assert effects == [ev.LeftQueue(group, job, call, ev.REASON_CANCELLED)]
+            assert effects == [ev.LeftQueue(group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED)]
         else:
             assert effects == []
 
@@ -410,34 +411,54 @@ class LockTableMachine(RuleBasedStateMachine):
         token = self.newest[group] + offset
         call = "stale-call" if stale_call else (h.call_id if h else "")
         before = self.table.to_dict()
-        effects = self.apply(ev.Revoke(self.now, group, token, ev.REASON_NOT_DELIVERED, call))
+        effects = self.apply(ev.Revoke(now=self.now, group=group, token=token, reason=ev.Reason.NOT_DELIVERED, call_id=call))
         if h is not None and offset == 0 and not stale_call:
             assert isinstance(effects, list), effects
             waiting_call = h.call_id if h.switching else ""
             assert effects[0] == ev.Revoked(
-                group, h.job, token, ev.REASON_NOT_DELIVERED, waiting_call
+                group=group, job=h.job, token=token, reason=ev.Reason.NOT_DELIVERED, call_id=waiting_call
             )
         else:
             assert effects == []
             assert self.table.to_dict() == before
 
+    @rule(group=groups, job=jobs, seen=st.lists(st.sampled_from(list(Liveness)), max_size=3))
+    def workload_seen(self, group: str, job: str, seen: list[Liveness]) -> None:
+        """The agents report what they see of a job's workload: the holder is revoked
+        when some agent saw it and every one says it is gone; nothing else changes."""
+        h = self.table.groups[group].holder if group in self.table.groups else None
+        before = self.table.to_dict()
+        event = ev.WorkloadSeen(now=self.now, group=group, job=job, seen=tuple(seen))
+        effects = self.apply(event)
+        gone = Liveness.GONE in seen and Liveness.ALIVE not in seen
+        if h is not None and h.job == job and not h.switching and gone:
+            assert isinstance(effects, list), effects
+            assert effects[0] == ev.Revoked(
+                group=group, job=job, token=h.token, reason=ev.Reason.HOLDER_GONE
+            )
+            assert ev.journaled(event, effects)
+        else:
+            assert effects == []
+            assert self.table.to_dict() == before
+            assert not ev.journaled(event, effects)
+
     @rule(group=groups, job=st.one_of(st.just(""), jobs))
     def force_release(self, group: str, job: str) -> None:
         h, token = self.holder[group], self.newest[group]
         waiting_call = self.call[group, h] if h is not None and self.switching[group] else ""
-        outcome = self.apply(ev.ForceRelease(self.now, group, job))
+        outcome = self.apply(ev.ForceRelease(now=self.now, group=group, job=job))
         if group not in self.table.groups:
             assert isinstance(outcome, NotFoundError), outcome
         elif h is None or job not in ("", h):
             assert isinstance(outcome, NotHolderError), outcome
         else:
             assert isinstance(outcome, list) and outcome[0] == ev.Revoked(
-                group, h, token, ev.REASON_OPERATOR, waiting_call
+                group=group, job=h, token=token, reason=ev.Reason.OPERATOR, call_id=waiting_call
             ), outcome
 
     @rule(group=st.sampled_from(("",) + GROUPS), limit=st.sampled_from([None, 3.0, 30.0]))
     def set_hold_limit(self, group: str, limit: float | None) -> None:
-        assert self.apply(ev.SetHoldLimit(self.now, group, limit)) == []
+        assert self.apply(ev.SetHoldLimit(now=self.now, group=group, max_hold=limit)) == []
 
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0, 50.0]))
     def advance(self, dt: float) -> None:
@@ -456,7 +477,7 @@ class LockTableMachine(RuleBasedStateMachine):
     @rule(grace=st.sampled_from([1.0, 5.0, 20.0]))
     def recover(self, grace: float) -> None:
         epoch = self.table.epoch
-        assert self.apply(ev.Recover(self.now, grace)) == []
+        assert self.apply(ev.Recover(now=self.now, grace=grace)) == []
         assert self.table.epoch == epoch + 1
         for g in GROUPS:
             for job in self.queue[g]:
@@ -467,12 +488,12 @@ class LockTableMachine(RuleBasedStateMachine):
     @rule(group=groups, nodes=node_lists)
     def set_group_nodes(self, group: str, nodes: tuple[str, ...]) -> None:
         """Takes effect from the next grant on: a switch under way is not touched."""
-        assert self.apply(ev.SetGroupNodes(self.now, group, nodes)) == []
+        assert self.apply(ev.SetGroupNodes(now=self.now, group=group, nodes=nodes)) == []
         self.nodes[group] = nodes
 
     @rule(group=groups, nodes=bad_node_lists)
     def set_bad_group_nodes(self, group: str, nodes: tuple[str, ...]) -> None:
-        outcome = self.apply(ev.SetGroupNodes(self.now, group, nodes))
+        outcome = self.apply(ev.SetGroupNodes(now=self.now, group=group, nodes=nodes))
         assert isinstance(outcome, InvalidArgumentError), outcome
 
     def switching_groups(self) -> list[str]:
@@ -508,22 +529,23 @@ class LockTableMachine(RuleBasedStateMachine):
             if job in quarantined:
                 continue
             quarantined[job] = reason
-            expected.append(ev.Quarantined(group, job, reason))
+            expected.append(ev.Quarantined(group=group, job=job, reason=reason))
             if job in self.queue[group]:
-                why = f"{ev.REASON_QUARANTINED}: {reason}"
-                expected.append(ev.LeftQueue(group, job, self.call[group, job], why))
+                expected.append(ev.LeftQueue(group=group, job=job, call_id=self.call[group, job],
+                                             reason=ev.Reason.QUARANTINED, detail=reason))
         call = self.call[group, target]
         if error or target in quarantined:
             why = error or quarantined[target]
-            expected.append(ev.Revoked(group, target, token, f"switch failed: {why}", call))
+            expected.append(ev.Revoked(group=group, job=target, token=token,
+                                       reason=ev.Reason.SWITCH_FAILED, detail=why, call_id=call))
         else:
             expires = self.now + h.lease_ttl if h.lease_ttl else None
-            lease = ev.LeaseInfo(f"lease-{token}", h.lease_ttl or 0.0, expires)
+            lease = ev.LeaseInfo(lease_id=f"lease-{token}", ttl=h.lease_ttl or 0.0, expires_at=expires)
             waited = self.now - self.since[group, target]
             expected.append(
-                ev.Granted(group, target, call, token, lease, waited, restored, True, moved)
+                ev.Granted(group=group, job=target, call_id=call, token=token, lease=lease, waited=waited, context_restored=restored, must_deliver=True, switch_bytes=moved)
             )
-        event = ev.SwitchDone(self.now, group, token, restored, tuple(faults), error, moved)
+        event = ev.SwitchDone(now=self.now, group=group, token=token, restored=restored, faults=tuple(faults), error=error, moved_bytes=moved)
         effects = self.apply(event)
         assert isinstance(effects, list), effects
         assert effects[: len(expected)] == expected, (effects, expected)
@@ -543,18 +565,18 @@ class LockTableMachine(RuleBasedStateMachine):
         if self.switching[group] and offset == 0:
             return
         before = self.table.to_dict()
-        event = ev.SwitchDone(self.now, group, token, restored, tuple(faults), "late")
+        event = ev.SwitchDone(now=self.now, group=group, token=token, restored=restored, faults=tuple(faults), error="late")
         assert self.apply(event) == []
         assert self.table.to_dict() == before
 
     @rule(group=groups, job=jobs)
     def reset_job(self, group: str, job: str) -> None:
         was_quarantined = job in self.quarantined[group]
-        outcome = self.apply(ev.ResetJob(self.now, group, job))
+        outcome = self.apply(ev.ResetJob(now=self.now, group=group, job=job))
         if group not in self.table.groups:
             assert isinstance(outcome, NotFoundError), outcome
         else:
-            assert outcome == ([ev.JobReset(group, job)] if was_quarantined else []), outcome
+            assert outcome == ([ev.JobReset(group=group, job=job)] if was_quarantined else []), outcome
         assert job not in self.quarantined[group]
 
     @precondition(lambda self: self.table.groups)

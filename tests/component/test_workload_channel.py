@@ -19,6 +19,7 @@ from grpclib.const import Status
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
+from tests.waiting import until
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import GrpcServer
 from timeslice.client.adapters import is_vllm_engine
@@ -384,7 +385,7 @@ async def test_reconnects_to_an_agent_that_restarts(
         stream = await agent.fake.next_stream()
         assert (await stream.snapshot()).ok
         await agent.stop()
-        await asyncio.sleep(0.2)
+        await until(lambda: not reg.connected, "the registration sees the agent go")
         assert not reg.connected
         await agent.start()  # same port
         again = await agent.fake.next_stream()

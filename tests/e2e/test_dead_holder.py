@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.waiting import until
 from tests.workloads.worker_process import hostmem_worker
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.client.workload import register_workload
@@ -46,12 +47,15 @@ async def test_a_holder_killed_is_revoked_within_seconds_and_the_next_job_runs(
                 orch.address, job_id="next", group_id="g"
             ) as client:
                 waiting = asyncio.ensure_future(client.acquire())
-                await asyncio.sleep(0.3)
+                await until(lambda: "next" in orch.table.groups["g"].queue, "next waits")
                 assert not waiting.done()
                 killed_at = time.monotonic()
                 worker.process.kill()
                 result = await asyncio.wait_for(waiting, 10)
                 took = time.monotonic() - killed_at
+                # Reaped, so that leaving `hostmem_worker` sees it ended and does not
+                # write "quit" to the dead process's pipe.
+                await asyncio.wait_for(worker.process.wait(), 10)
                 assert result.context_restored
                 assert float(memory["weights"][0]) == 5.0
                 await client.release()
@@ -59,7 +63,7 @@ async def test_a_holder_killed_is_revoked_within_seconds_and_the_next_job_runs(
             watch.close()
             await registration.close()
     assert took < 5.0  # "within seconds"; a lease of 30 s was not waited for
-    assert [r.reason for r in revoked if isinstance(r, ev.Revoked)] == [ev.REASON_HOLDER_GONE]
+    assert [r.reason for r in revoked if isinstance(r, ev.Revoked)] == [ev.Reason.HOLDER_GONE]
 
 
 async def _until_granted(watch: Watch, job: str) -> AsyncIterator[Notice]:

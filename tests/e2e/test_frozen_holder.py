@@ -15,12 +15,12 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.waiting import until
 from tests.workloads.worker_process import hostmem_worker
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.agent.state import JobState
@@ -31,13 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 LEASE = 1.0
 REVOKED_LIMIT = 1.0
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_holder_frozen_past_its_lease_does_not_stall_the_group(tmp_path: Path) -> None:
@@ -56,7 +49,7 @@ async def test_a_holder_frozen_past_its_lease_does_not_stall_the_group(tmp_path:
                     orch.address, job_id="next", group_id="g"
                 ) as client:
                     waiting = asyncio.ensure_future(client.acquire())
-                    await asyncio.sleep(0.3)
+                    await until(lambda: "next" in orch.table.groups["g"].queue, "next waits")
                     assert not waiting.done()
                     os.kill(pid, signal.SIGSTOP)
                     stopped_at = time.monotonic()
@@ -71,14 +64,16 @@ async def test_a_holder_frozen_past_its_lease_does_not_stall_the_group(tmp_path:
                     # The late answer: the context is saved, as the workload says too.
                     channel = agent.channels.get("g", "frozen")
                     assert channel is not None
-                    await until(lambda: channel.state == "SAVED", "the late answer")
+                    await until(lambda: channel.state == "SAVED", "the late answer", timeout=10)
                     assert (await worker.ask("state"))["state"] == "SAVED"
                     assert agent.table.job("g", "frozen").state is JobState.FAULTED
                     assert await client.reset_job("frozen")
                     assert agent.table.job("g", "frozen").state is JobState.SAVED
 
                     back = asyncio.ensure_future(worker.ask(f"acquire {orch.address} none"))
-                    await asyncio.sleep(0.3)
+                    await until(
+                        lambda: "frozen" in orch.table.groups["g"].queue, "frozen waits", timeout=10
+                    )
                     await client.release()
                     granted = await asyncio.wait_for(back, 20)
                     assert granted["granted"] and granted["context_restored"]

@@ -49,6 +49,7 @@ from grpclib.const import Status
 
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
 from tests.fakes.fake_inference_server import FakeInferenceServer
+from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
@@ -277,8 +278,10 @@ async def test_an_operation_past_its_deadline_fails_and_faults_only_its_job(
         assert (await jobs(stub))["slow"].state == JobState.FAULTED
 
         # The workload's late answer does not revive the failed operation.
+        channel = agent.channels.get("g", "slow")
+        assert channel is not None
         await job.answer(command)
-        await asyncio.sleep(0.2)
+        await until(lambda: channel.state == "SAVED", "the late answer is heard")
         assert (await finish_operation(stub, op_id)).status == OpStatus.FAILED
         assert (await run_operation(stub, snapshot("noop-job", "g", NOOP))).status == (
             OpStatus.COMPLETE
@@ -294,8 +297,10 @@ async def test_a_late_answer_does_not_cost_the_workload_its_channel(
         ).operation_id
         command = await job.command()
         assert (await finish_operation(stub, op_id)).status == OpStatus.FAILED
+        channel = agent.channels.get("g", "slow")
+        assert channel is not None
         await job.answer(command)  # after the agent gave up on it
-        await asyncio.sleep(0.3)
+        await until(lambda: channel.state == "SAVED", "the late answer is heard")
         # The late answer said the snapshot was done after all: the context is saved.
         reset = await stub.reset_job(pb.ResetJobRequest(job_id="slow", group="g"))
         assert reset.state == JobState.SAVED
@@ -775,9 +780,19 @@ async def test_a_backend_that_fails_to_start_is_not_serving() -> None:
             assert await health_status(stubs) == Serving.SERVING
 
 
-async def test_closing_answers_waiting_calls_and_ends_workload_streams() -> None:
+async def test_closing_answers_waiting_calls_and_ends_workload_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     agent = Agent(node_name="n1", db=None, backends=("noop", "app_channel"))
     await agent.start()
+    asked = asyncio.Event()
+    operation = agent.operation
+
+    async def operation_asked(op_id: str, wait: float = 0.0) -> Any:
+        asked.set()  # the GetOperation call is in the agent now
+        return await operation(op_id, wait)
+
+    monkeypatch.setattr(agent, "operation", operation_asked)
     try:
         async with agent_stubs(agent.address) as stubs:
             async with workload(agent.address, "w", "g") as job:
@@ -788,7 +803,7 @@ async def test_closing_answers_waiting_calls_and_ends_workload_streams() -> None
                         pb.GetOperationRequest(operation_id=op_id, wait_ms=20_000)
                     )
                 )
-                await asyncio.sleep(0.1)
+                await asyncio.wait_for(asked.wait(), 5)
                 closing = asyncio.ensure_future(agent.close())
                 # The waiting GetOperation is answered, the workload's stream ended.
                 answer = await asyncio.wait_for(waiting, 5)
@@ -819,7 +834,8 @@ async def test_a_health_watch_stays_open_and_says_not_serving_when_the_agent_clo
                 seen.append(answer.status)
 
         watching = asyncio.ensure_future(watch())
-        await asyncio.sleep(0.2)
+        await until(lambda: seen, "the first answer")
+        await asyncio.sleep(0.2)  # nothing changes for a while
         assert seen == [health_pb.HealthCheckResponseServingStatus.SERVING]
         assert not watching.done()  # the stream stays open while nothing changes
         await asyncio.wait_for(agent.close(), 5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -41,6 +40,7 @@ from grpclib.const import Cardinality
 from orchestrator_wire import split_address
 
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
+from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import BackendContext
@@ -62,15 +62,6 @@ COMPLETE, FAILED = OpStatus.COMPLETE, OpStatus.FAILED
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    """Poll `check` until it holds; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 async def running_noop(client: AsyncSnapshotAgentClient, job: str, group: str) -> None:
@@ -416,7 +407,7 @@ async def test_a_switch_waits_for_an_operation_in_flight_and_switches_run_one_at
         own = await client.snapshot("slow", "g", backend_config=app_channel_config())
         await asyncio.wait_for(arrived.wait(), 5)
         first = asyncio.create_task(client.switch_group("g", "slow", 2, timeout_sec=SWITCH_TIMEOUT))
-        await asyncio.sleep(0.3)
+        await until(lambda: agent.switch_lock("g").locked(), "the first switch runs")
         # Behind the first in the group's queue of switches, and older.
         second = asyncio.create_task(
             client.switch_group("g", "other", 1, timeout_sec=SWITCH_TIMEOUT)
@@ -495,7 +486,7 @@ async def connected(
             await stream.send_message(pb.WorkloadMessage(register=register))
             await until(lambda: agent.channels.get(group, job) is not None, f"{job} registered")
             if settle:  # no save of the job table under way, so the registration's is done
-                await until(lambda: agent._saver is None, f"{job}'s registration saved")
+                await until(lambda: agent.engine.saved, f"{job}'s registration saved")
             yield workload
             if not workload.dropped:
                 await stream.end()
@@ -673,7 +664,7 @@ async def test_a_holder_whose_workload_channel_drops_is_revoked_for_the_next_wai
 
                 job.drop()
                 revoked = await first_notice(watch, lambda e: isinstance(e, ev.Revoked))
-                assert (revoked.job, revoked.reason) == ("a", ev.REASON_HOLDER_GONE)
+                assert (revoked.job, revoked.reason) == ("a", ev.Reason.HOLDER_GONE)
                 granted = await asyncio.wait_for(waiter, 10)
                 assert (granted.job, granted.context_restored) == ("b", False)
                 holder = orch.table.groups["g"].holder
@@ -714,7 +705,7 @@ async def test_a_holder_whose_process_exits_is_revoked_for_the_next_waiter(
             process.kill()  # nothing else changes: the exit alone must be reported
             await process.wait()
             revoked = await first_notice(watch, lambda e: isinstance(e, ev.Revoked))
-            assert (revoked.job, revoked.reason) == ("p", ev.REASON_HOLDER_GONE)
+            assert (revoked.job, revoked.reason) == ("p", ev.Reason.HOLDER_GONE)
             granted = await asyncio.wait_for(waiter, 10)
             assert granted.job == "q"
         finally:

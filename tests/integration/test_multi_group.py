@@ -8,10 +8,17 @@ import random
 
 import pytest
 
+from tests.waiting import until
 from timeslice import AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.errors import ConflictError, DeadlineExceededError
 
 GROUPS = ("sampler", "trainer")
+
+
+def waits(orch: Orchestrator, job: str, group: str) -> bool:
+    """Whether `job` is in the queue of `group`."""
+    g = orch.table.groups.get(group)
+    return g is not None and job in g.queue
 
 
 async def test_three_jobs_over_two_groups_in_random_orders_never_deadlock() -> None:
@@ -59,13 +66,13 @@ async def test_a_bundle_is_granted_only_when_every_group_is_free() -> None:
     async with Orchestrator() as orch, AsyncTimeSliceOrchestratorClient(orch.address) as c:
         await c.acquire("single", "sampler")
         bundle = asyncio.ensure_future(c.acquire_groups(["trainer", "sampler"], "both"))
-        await asyncio.sleep(0.2)
+        await until(lambda: waits(orch, "both", "trainer"), "the bundle waits")
         # trainer is free, but it is kept for the bundle: nobody else takes it, and
         # the bundle holds nothing while it waits.
         assert not bundle.done()
         assert orch.table.groups["trainer"].holder is None
         late = asyncio.ensure_future(c.acquire("late", "trainer"))
-        await asyncio.sleep(0.1)
+        await until(lambda: waits(orch, "late", "trainer"), "late waits")
         assert not late.done()
         await c.release("single", "sampler")
         grant = await asyncio.wait_for(bundle, 5)
@@ -86,7 +93,7 @@ async def test_a_bundle_that_times_out_or_is_cancelled_leaves_every_queue() -> N
         for group in GROUPS:
             assert "both" not in orch.table.groups[group].queue
         waiting = asyncio.ensure_future(c.acquire_groups(GROUPS, "both"))
-        await asyncio.sleep(0.1)
+        await until(lambda: waits(orch, "both", "trainer"), "the bundle waits")
         assert "both" in orch.table.groups["trainer"].queue
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)

@@ -29,6 +29,7 @@ from orchestrator_wire import (
     wait_queued,
 )
 
+from tests.waiting import until
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.orchestrator.server import Orchestrator
 
@@ -778,6 +779,12 @@ async def test_request_id_retries_are_answered_as_the_first_try(stub: Stub) -> N
 # --- 6. restart on the same journal ----------------------------------------------------
 
 
+def came_back(orch: Orchestrator, group: str, job: str) -> bool:
+    """Whether `job`, queued on `group` before the restart, has come back for its place."""
+    waiter = orch.table.groups[group].queue.get(job)
+    return waiter is not None and bool(waiter.call_id)
+
+
 async def _hold_and_queue(orch: Orchestrator, group: str) -> tuple[pb.GroupStatus, list[Status]]:
     """'a' holds `group`, 'b' then 'c' wait; then the orchestrator closes under them."""
     async with orchestrator_stub(orch.address) as stub:
@@ -836,7 +843,7 @@ async def test_absent_waiter_at_the_head_does_not_hold_up_the_queue_after_restar
         restarted = time.monotonic()
         c = asyncio.ensure_future(stub.acquire(acquire("c", group)))  # "b" never comes back
         try:
-            await asyncio.sleep(0.1)
+            await until(lambda: came_back(second, group, "c"), "c came back")
             await stub.yield_(yield_("a", group))
             grant = await asyncio.wait_for(c, grace + 3)
             assert time.monotonic() - restarted <= grace + 1.0
@@ -856,10 +863,10 @@ async def test_waiters_that_come_back_after_restart_keep_their_places(journal_ur
     async with second, orchestrator_stub(second.address) as stub:
         # They come back in the opposite order; the queue keeps the first order.
         c = asyncio.ensure_future(stub.acquire(acquire("c", group)))
-        await asyncio.sleep(0.1)
+        await until(lambda: came_back(second, group, "c"), "c came back")
         b = asyncio.ensure_future(stub.acquire(acquire("b", group)))
         try:
-            await asyncio.sleep(0.1)
+            await until(lambda: came_back(second, group, "b"), "b came back")
             assert list((await status_of(stub, group)).waiting_jobs) == ["b", "c"]
             await stub.yield_(yield_("a", group))
             b_grant = await asyncio.wait_for(b, 5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from tests.waiting import until
 from timeslice import AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.client import WatchEventKind
 
@@ -25,7 +26,8 @@ async def test_the_holder_is_asked_to_yield_then_revoked_after_the_grace() -> No
                         return
 
             collecting = asyncio.ensure_future(collect())
-            await asyncio.sleep(0.05)  # the watch is open before anything happens
+            # The watch is open before anything happens.
+            await until(lambda: orch.watches.count == 1, "the watch is open")
             await holder.acquire()
             await asyncio.wait_for(collecting, 5)
             kinds = [kind for kind, _ in seen]

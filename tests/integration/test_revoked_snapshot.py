@@ -13,12 +13,13 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.agent.state import JobState
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
@@ -56,14 +57,6 @@ class Freezable:
 
     def thaw(self) -> None:
         self._thawed.set()
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 @asynccontextmanager
@@ -119,7 +112,7 @@ async def test_a_frozen_holder_revoked_by_its_lease_is_quarantined_and_the_next_
         watch = orch.watch("g")
         async with AsyncTimeSliceOrchestratorClient(orch.address, "next", "g") as client:
             waiting = asyncio.ensure_future(client.acquire())
-            await asyncio.sleep(0.1)
+            await until(lambda: "next" in orch.table.groups["g"].queue, "next waits")
             workloads["frozen"].frozen = True
             silent_at = time.monotonic()
             await holder.close()  # no more keepalives: the lease runs out
@@ -132,7 +125,7 @@ async def test_a_frozen_holder_revoked_by_its_lease_is_quarantined_and_the_next_
             effects = await asyncio.wait_for(notices_until_granted(watch, "next"), 5)
             watch.close()
             revoked = [e.reason for e in effects if isinstance(e, ev.Revoked)]
-            assert revoked == [ev.REASON_LEASE_EXPIRED]
+            assert revoked == [ev.Reason.LEASE_EXPIRED]
 
             # The frozen job is quarantined as after any failed snapshot.
             status = await client.get_status()
@@ -162,7 +155,7 @@ async def test_a_frozen_holder_revoked_by_its_lease_is_quarantined_and_the_next_
             # And it can hold the group again: its context comes back by a restore.
             async with AsyncTimeSliceOrchestratorClient(orch.address, "frozen", "g") as again:
                 back = asyncio.ensure_future(again.acquire())
-                await asyncio.sleep(0.1)
+                await until(lambda: "frozen" in orch.table.groups["g"].queue, "frozen waits")
                 await client.release()
                 result = await asyncio.wait_for(back, 10)
                 assert result.context_restored and workloads["frozen"].state == "RUNNING"
@@ -179,7 +172,7 @@ async def test_a_yielding_holder_whose_snapshot_is_slow_gets_the_whole_switch_ti
         ):
             await holder.acquire()
             waiting = asyncio.ensure_future(client.acquire())
-            await asyncio.sleep(0.1)
+            await until(lambda: "next" in orch.table.groups["g"].queue, "next waits")
             workloads["slow"].frozen = True
             slow = 4 * REVOKED_LIMIT
             threading.Timer(slow, workloads["slow"].thaw).start()

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from tests.waiting import until
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.client.workload import WorkloadRegistration, register_workload
 from timeslice.errors import ConflictError
@@ -50,7 +51,7 @@ async def test_a_failed_snapshot_quarantines_that_job_and_the_next_one_runs() ->
                 await c.acquire("a")
                 assert workloads["b"].state == "SAVED"
                 waiting = asyncio.ensure_future(c.acquire("b"))
-                await asyncio.sleep(0.1)
+                await until(lambda: "b" in orch.table.groups["g"].queue, "b waits")
                 workloads["a"].fail_snapshot = True
                 await c.release("a")
                 granted = await asyncio.wait_for(waiting, 10)
@@ -74,7 +75,7 @@ async def test_a_failed_snapshot_quarantines_that_job_and_the_next_one_runs() ->
                     "IDLE",
                 )
                 waiting = asyncio.ensure_future(c.acquire("a"))
-                await asyncio.sleep(0.1)
+                await until(lambda: "a" in orch.table.groups["g"].queue, "a waits")
                 await c.release("b")
                 await asyncio.wait_for(waiting, 10)  # a may hold the group again
                 await c.release("a")
@@ -93,9 +94,9 @@ async def test_a_failed_restore_quarantines_the_next_holder_and_the_one_after_ru
             async with AsyncTimeSliceOrchestratorClient(orch.address, group_id="g") as c:
                 await c.acquire("a")
                 b_waits = asyncio.ensure_future(c.acquire("b"))
-                await asyncio.sleep(0.1)
+                await until(lambda: "b" in orch.table.groups["g"].queue, "b waits")
                 c_waits = asyncio.ensure_future(c.acquire("c"))
-                await asyncio.sleep(0.1)
+                await until(lambda: "c" in orch.table.groups["g"].queue, "c waits")
                 workloads["b"].fail_restore = True
                 await c.release("a")
                 with pytest.raises(ConflictError, match="out of memory"):

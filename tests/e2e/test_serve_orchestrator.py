@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +85,15 @@ async def test_sigkill_and_restart_keep_holder_queue_and_token(
         retried = await stub.acquire(acquire("holder", group, "acquire-holder"))
         assert retried.fencing_token == held.fencing_token
 
-        # The waiters retry with their request ids, in the opposite order.
+        # The waiters retry with their request ids, in the opposite order; each retry
+        # that takes its place back is told on a watch.
+        watch = stub.watch(pb.WatchRequest(group_id=group), timeout=30)
+        assert (await anext(watch)).kind == pb.WatchEventKind.CURRENT
         second = asyncio.ensure_future(stub.acquire(acquire("second", group, "acquire-second")))
-        await asyncio.sleep(0.2)
+        await next_queued(watch, "second")
         first = asyncio.ensure_future(stub.acquire(acquire("first", group, "acquire-first")))
         try:
-            await asyncio.sleep(0.2)
+            await next_queued(watch, "first")
             assert list((await status_of(stub, group)).waiting_jobs) == ["first", "second"]
             handover = await stub.yield_(
                 pb.YieldRequest(job_id="holder", group_id=group, fencing_token=held.fencing_token)
@@ -122,6 +125,16 @@ async def test_sigkill_and_restart_keep_holder_queue_and_token(
             for task in (first, second):
                 task.cancel()
             await asyncio.gather(first, second, return_exceptions=True)
+            await watch.aclose()
+
+
+async def next_queued(watch: AsyncGenerator[pb.WatchEvent, None], job: str) -> None:
+    """Read `watch` until it tells that `job` is queued."""
+    async with asyncio.timeout(5):
+        async for event in watch:
+            if event.kind == pb.WatchEventKind.QUEUED and event.job_id == job:
+                return
+    raise AssertionError(f"the watch ended before {job} was queued")
 
 
 async def _drain(watch: AsyncIterator[pb.WatchEvent]) -> list[pb.WatchEvent]:

@@ -90,27 +90,11 @@ def rollback(call: Call, table: LockTable, now: float) -> list[ev.Event]:
         grant = call.grants.get(group)
         g = table.groups.get(group)
         h = g.holder if g is not None else None
+        token: int | None = None
         if grant is not None:
-            if grant.must_deliver:
-                events.append(
-                    ev.Revoke(
-                        now=now,
-                        group=group,
-                        token=grant.token,
-                        reason=Reason.NOT_DELIVERED,
-                        call_id=call.call_id,
-                    )
-                )
+            token = grant.token if grant.must_deliver else None
         elif h is not None and h.call_id == call.call_id and h.switching:
-            events.append(
-                ev.Revoke(
-                    now=now,
-                    group=group,
-                    token=h.token,
-                    reason=Reason.NOT_DELIVERED,
-                    call_id=call.call_id,
-                )
-            )
+            token = h.token
         else:
             events.append(
                 ev.DropWaiter(
@@ -119,6 +103,16 @@ def rollback(call: Call, table: LockTable, now: float) -> list[ev.Event]:
                     job=call.job,
                     call_id=call.call_id,
                     reason=Reason.CANCELLED,
+                )
+            )
+        if token is not None:
+            events.append(
+                ev.Revoke(
+                    now=now,
+                    group=group,
+                    token=token,
+                    reason=Reason.NOT_DELIVERED,
+                    call_id=call.call_id,
                 )
             )
     return events

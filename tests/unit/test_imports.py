@@ -45,6 +45,19 @@ def test_a_client_loads_no_server_sql_or_numpy(client: str) -> None:
     assert not loaded & {"sqlalchemy", "numpy", "asyncpg"}, loaded
 
 
+def test_the_orchestrator_client_loads_no_agent_client_or_workload_channel() -> None:
+    code = (
+        "import json, sys; from timeslice.client import TimeSliceOrchestratorClient; "
+        "print(json.dumps([m for m in sys.modules if m.startswith('timeslice.client')]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(json.loads(out))
+    assert "timeslice.client._sync" in loaded
+    assert not loaded & {"timeslice.client.agent", "timeslice.client.workload"}, loaded
+
+
 def test_importing_the_package_loads_only_the_errors() -> None:
     code = (
         "import sys, timeslice; "

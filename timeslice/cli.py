@@ -177,12 +177,9 @@ def serve_orchestrator(
     log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT."""
+    from timeslice.api.serving import tune_gc_for_serving
     from timeslice.config_file import read_orchestrator_config
-    from timeslice.orchestrator.server import (
-        Orchestrator,
-        OrchestratorConfig,
-        tune_gc_for_serving,
-    )
+    from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
 
     # option name -> (OrchestratorConfig field, value)
     options = {

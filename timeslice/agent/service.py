@@ -205,8 +205,13 @@ class AgentService(pb.SnapshotAgentServiceBase):
                         f"after `register`, a workload sends only command results, not {kind!r}"
                     )
                     break
-                answer = Result(result.command_id, result.ok, result.error,
-                                result.storage_bytes, result.device_bytes)  # fmt: skip
+                answer = Result(
+                    command_id=result.command_id,
+                    ok=result.ok,
+                    error=result.error,
+                    storage_bytes=result.storage_bytes,
+                    device_bytes=result.device_bytes,
+                )
                 if not channel.deliver(answer):
                     log.info("%s answered %s after its deadline", channel.job, result.command_id)
         except GRPCError as exc:  # a message the edge refused (too large, malformed)
@@ -232,8 +237,11 @@ class HealthService(health.HealthBase):
                 raise NotFoundError(f"unknown service {service!r}")
             return health.HealthCheckResponseServingStatus.NOT_SERVING
         serving = self.agent.serving
-        return (health.HealthCheckResponseServingStatus.SERVING if serving
-                else health.HealthCheckResponseServingStatus.NOT_SERVING)  # fmt: skip
+        return (
+            health.HealthCheckResponseServingStatus.SERVING
+            if serving
+            else health.HealthCheckResponseServingStatus.NOT_SERVING
+        )
 
     async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
         return health.HealthCheckResponse(status=self._status(message.service))

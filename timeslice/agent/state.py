@@ -233,8 +233,15 @@ class JobTable:
             if taken := self._claimed_by_other(e.claims, (e.group, e.job)):
                 raise AlreadyExistsError(taken)
             self._admit()
-            job = Job(group=e.group, job=e.job, backend=e.backend, config=dict(e.config or {}), claims=list(dict.fromkeys(e.claims)),
-                      state=JobState.RUNNING, since=e.now)  # fmt: skip
+            job = Job(
+                group=e.group,
+                job=e.job,
+                backend=e.backend,
+                config=dict(e.config or {}),
+                claims=list(dict.fromkeys(e.claims)),
+                state=JobState.RUNNING,
+                since=e.now,
+            )
         elif e.backend is not None and e.backend != job.backend:
             raise ConflictError(f"job {e.job} is known by backend {job.backend}, not {e.backend}")
         needed = JobState.RUNNING if e.kind == SNAPSHOT else JobState.SAVED
@@ -247,9 +254,16 @@ class JobTable:
         if e.token:
             self.tokens[e.group] = e.token
         op = Operation(
-            op_id=f"op-{self.next_op}", kind=e.kind, group=job.group, job=job.job, backend=job.backend, params=dict(e.params),
-            started=e.now, deadline=e.now + e.timeout, token=e.token,
-        )  # fmt: skip
+            op_id=f"op-{self.next_op}",
+            kind=e.kind,
+            group=job.group,
+            job=job.job,
+            backend=job.backend,
+            params=dict(e.params),
+            started=e.now,
+            deadline=e.now + e.timeout,
+            token=e.token,
+        )
         self.next_op += 1
         self.operations[op.op_id] = op
         self.jobs[job.key] = job
@@ -335,8 +349,11 @@ class JobTable:
         return effects
 
     def _pending(self) -> list[Operation]:
-        return [self.operations[j.operation] for j in self.jobs.values()
-                if j.state is JobState.TRANSITIONING]  # fmt: skip
+        return [
+            self.operations[j.operation]
+            for j in self.jobs.values()
+            if j.state is JobState.TRANSITIONING
+        ]
 
     def _tick(self, e: Tick) -> list[Effect]:
         cancels: list[Effect] = []
@@ -430,8 +447,11 @@ class JobTable:
             for claim in job.claims:
                 assert claim not in owners, f"{claim} claimed by {owners[claim]} and {key}"
                 owners[claim] = key
-            pending = [o for o in self.operations.values() if o.status is OpStatus.PENDING
-                       and (o.group, o.job) == key]  # fmt: skip
+            pending = [
+                o
+                for o in self.operations.values()
+                if o.status is OpStatus.PENDING and (o.group, o.job) == key
+            ]
             if job.state is JobState.TRANSITIONING:
                 assert [o.op_id for o in pending] == [job.operation], (key, pending)
             else:
@@ -453,7 +473,7 @@ class JobTable:
                     "state": j.state.value,
                     "config": deepcopy(j.config),
                     "claims": list(j.claims),
-                }  # fmt: skip
+                }
                 for j in self.jobs.values()
             ],
             "operations": [

@@ -13,8 +13,11 @@ from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
 from timeslice.errors import ConflictError, InvalidArgumentError
 
-MODE_NAME: Final = {pb.SuspendMode.UNSPECIFIED: "", pb.SuspendMode.OFFLOAD: OFFLOAD,
-                    pb.SuspendMode.DISCARD: DISCARD}  # fmt: skip
+MODE_NAME: Final = {
+    pb.SuspendMode.UNSPECIFIED: "",
+    pb.SuspendMode.OFFLOAD: OFFLOAD,
+    pb.SuspendMode.DISCARD: DISCARD,
+}
 APP_NAME: Final = {pb.App.VLLM: "vllm", pb.App.SGLANG: "sglang"}
 
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import keyword
 import logging
 import re
@@ -329,3 +330,18 @@ async def until_set(items: AsyncIterator[_T], stop: asyncio.Event) -> AsyncItera
         if item is not None and not item.done():
             item.cancel()
             await asyncio.gather(item, return_exceptions=True)
+
+
+def tune_gc_for_serving() -> None:
+    """Set this process's garbage collector for serving an orchestrator: collect the
+    youngest objects every 50,000 allocations instead of every 700.
+
+    Every waiting Acquire keeps some eighty objects alive (its stream, its futures,
+    its place in the table) for as long as it waits, and every collection of the
+    oldest generation walks them all: with thousands of jobs queued, the default
+    thresholds spend a third of the orchestrator's time there. What an Acquire or
+    a Yield allocates is freed by reference counting, not by the collector, so
+    collecting rarely loses nothing. `timeslice serve orchestrator` calls this; a
+    program that embeds an Orchestrator decides for itself.
+    """
+    gc.set_threshold(50_000, 20, 10)

@@ -127,14 +127,14 @@ def settings_events(config: OrchestratorConfig, table: LockTable, now: float) ->
     events: list[ev.Event] = []
     holds = {ev.EVERY_GROUP: config.hold_limit, **config.hold_limits}
     for group, limit in holds.items():
-        if table.hold_limits.get(group) != HoldLimit(max_hold=limit, grace=config.hold_grace):
+        if table.settings.hold_limits.get(group) != HoldLimit(max_hold=limit, grace=config.hold_grace):
             events.append(
                 ev.SetHoldLimit(now=now, group=group, max_hold=limit, grace=config.hold_grace)
             )
     policies = {ev.EVERY_GROUP: config.policy, **config.policies}
     for group, name in policies.items():
         wanted = GroupPolicy(kind=ev.Policy(name), aging=config.priority_aging)
-        if table.policies.get(group) != wanted:
+        if table.settings.policies.get(group) != wanted:
             events.append(
                 ev.SetPolicy(now=now, group=group, policy=wanted.kind, aging=wanted.aging)
             )

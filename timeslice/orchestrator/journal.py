@@ -438,9 +438,15 @@ def _append_sqlite(dbapi_connection: Any, rows: list[dict[str, Any]]) -> None:
 def _open_journal(conn: sa.Connection, label: str, read_only: bool, shared: bool) -> int:
     """Check (and create or upgrade) the schema; the last sequence number used."""
     open_schema(
-        conn, _metadata, meta, SCHEMA_VERSION,
-        what="journal", label=label, read_only=read_only, shared=shared,
-    )  # fmt: skip
+        conn,
+        _metadata,
+        meta,
+        SCHEMA_VERSION,
+        what="journal",
+        label=label,
+        read_only=read_only,
+        shared=shared,
+    )
     # Compaction may have removed every event: numbering goes on after the snapshot.
     last_event = conn.execute(sa.select(sa.func.max(events_table.c.seq))).scalar() or 0
     last_snapshot = conn.execute(sa.select(sa.func.max(snapshots_table.c.seq))).scalar() or 0

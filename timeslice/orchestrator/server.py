@@ -6,6 +6,7 @@ The public class composes the parts, each in a module of its own:
 - `watches.WatchHub`: what watchers are told;
 - `handoff.HandoffDriver`: the switches on a group's nodes;
 - `agents.AgentDirectory`: the agents in session, and what they report;
+- `membership.Membership`: agents joining groups, and holders whose workload is gone;
 - `service.OrchestratorService`: the gRPC servicer, over this class's methods.
 This module is the lifecycle (start, close) and the methods the servicer and
 embedding programs call; `_act` says what each effect makes the shell do.
@@ -14,7 +15,6 @@ embedding programs call; `_act` says what each effect makes the shell do.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -31,9 +31,6 @@ from timeslice.errors import (
     TimeSliceError,
     UnavailableError,
 )
-from timeslice.fencing import KEY_BYTES
-from timeslice.ids import check_node, parse_target
-from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.calls import Call, WaitingCalls, left_queue_error, rollback
@@ -42,6 +39,7 @@ from timeslice.orchestrator.engine import JournalEngine, fold
 from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group
 from timeslice.orchestrator.service import OrchestratorService
 from timeslice.orchestrator.state import LockTable
@@ -49,7 +47,7 @@ from timeslice.orchestrator.watches import Notice as Notice  # for watchers to i
 from timeslice.orchestrator.watches import Render, WatchHub
 from timeslice.orchestrator.watches import Watch as Watch  # for watchers to import here
 
-__all__ = ["Notice", "Orchestrator", "OrchestratorConfig", "Watch", "tune_gc_for_serving"]
+__all__ = ["Notice", "Orchestrator", "OrchestratorConfig", "Watch"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +77,7 @@ class Orchestrator:
         self.handoff = HandoffDriver(
             self, self.agents, self.config.switch_timeout, self.config.revoked_snapshot_timeout
         )
+        self.membership = Membership(self, self.agents, lambda: self._state == "serving")
         self._closing = asyncio.Event()
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
@@ -255,7 +254,7 @@ class Orchestrator:
                             call_id=effect.call_id,
                         )
                         self.apply(revoke)
-                    self._check_holder(effect.group)
+                    self.membership.check_holder(effect.group)
                 case ev.LeftQueue():
                     self.calls.fail(effect.call_id, left_queue_error(effect))
                 case ev.Revoked(call_id=call_id) if call_id:
@@ -284,55 +283,9 @@ class Orchestrator:
 
     # --- agents -----------------------------------------------------------------------
 
-    def agent_reported(
-        self,
-        session: object,
-        node: str,
-        address: str,
-        groups: list[str],
-        liveness: dict[tuple[str, str], Liveness],
-        accelerators: dict[str, int] | None = None,
-        token_key: bytes = b"",
-    ) -> None:
-        """An agent in session reported: register it (journaled when new), join the
-        groups it names, and tell the table what it sees of each holder's workload.
-        `token_key`: what the switches sent to it prove their tokens with."""
-        check_node(node)
-        parse_target(address)
-        if token_key and len(token_key) != KEY_BYTES:
-            raise InvalidArgumentError(f"a token key has {KEY_BYTES} bytes")
-        now = time.time()
-        if self.table.agents.get(node) != address:
-            self.apply(ev.RegisterAgent(now=now, node=node, address=address))
-        for group in groups:
-            known = self.table.nodes.get(group, ())
-            if node not in known:
-                self.apply(ev.SetGroupNodes(now=now, group=group, nodes=(*known, node)))
-        self.agents.reported(session, node, address, liveness, accelerators or {}, token_key)
-        for group, nodes in self.table.nodes.items():
-            if node in nodes or address in nodes:
-                self._check_holder(group)
-
-    def agent_left(self, session: object, node: str) -> None:
-        """An agent's session ended."""
-        self.agents.left(session, node)
-
-    def _check_holder(self, group: str) -> None:
-        """Tell the table what the agents of `group`'s nodes see of its holder's
-        workload (it revokes a holder whose workload is gone everywhere)."""
-        g = self.table.groups.get(group)
-        h = g.holder if g is not None else None
-        if h is None or h.switching or self._state != "serving":
-            return
-        nodes = self.table.nodes.get(group, ())
-        seen = tuple(self.agents.liveness(node, group, h.job) for node in nodes)
-        if Liveness.GONE in seen:
-            self.apply(ev.WorkloadSeen(now=time.time(), group=group, job=h.job, seen=seen))
-
     def group_agents(self, group: str) -> list[tuple[str, str | None]]:
         """(node, address or None) for every node of `group`."""
-        nodes = self.table.nodes.get(group, ())
-        return [(node, self.agents.address(node, self.table.agents)) for node in nodes]
+        return self.membership.group_agents(group)
 
     async def until_closed(self, items: AsyncIterator[_T]) -> AsyncIterator[_T]:
         """`items`, until they end or the orchestrator starts closing."""
@@ -470,21 +423,6 @@ class Orchestrator:
         or what `render` makes of each. Over `max_watchers` it raises
         ResourceExhaustedError; a watch that falls `watch_backlog` behind is ended."""
         return self.watches.watch(group, render) if render else self.watches.watch(group)
-
-
-def tune_gc_for_serving() -> None:
-    """Set this process's garbage collector for serving an orchestrator: collect the
-    youngest objects every 50,000 allocations instead of every 700.
-
-    Every waiting Acquire keeps some eighty objects alive (its stream, its futures,
-    its place in the table) for as long as it waits, and every collection of the
-    oldest generation walks them all: with thousands of jobs queued, the default
-    thresholds spend a third of the orchestrator's time there. What an Acquire or
-    a Yield allocates is freed by reference counting, not by the collector, so
-    collecting rarely loses nothing. `timeslice serve orchestrator` calls this; a
-    program that embeds an Orchestrator decides for itself.
-    """
-    gc.set_threshold(50_000, 20, 10)
 
 
 _T = TypeVar("_T")

@@ -23,6 +23,7 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.config import OrchestratorConfig
 from timeslice.orchestrator.events import Effect
+from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group, GroupState
 from timeslice.orchestrator.state import LockTable
 from timeslice.orchestrator.watches import Notice, Render, Watch
@@ -34,6 +35,7 @@ class OrchestratorApi(Protocol):
     config: OrchestratorConfig
     gate: CallGate
     agents: AgentDirectory
+    membership: Membership
 
     @property
     def table(self) -> LockTable: ...
@@ -74,19 +76,6 @@ class OrchestratorApi(Protocol):
     def watch(self, group: str = "", render: Render | None = None) -> Watch[Any]: ...
 
     def until_closed(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]: ...
-
-    def agent_reported(
-        self,
-        session: object,
-        node: str,
-        address: str,
-        groups: list[str],
-        liveness: dict[tuple[str, str], Liveness],
-        accelerators: dict[str, int] | None = None,
-        token_key: bytes = b"",
-    ) -> None: ...
-
-    def agent_left(self, session: object, node: str) -> None: ...
 
 
 _STATE = {
@@ -244,7 +233,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                     for j in report.jobs
                 }
                 accelerators = {a.id: a.memory_total_bytes for a in report.accelerators}
-                self.orch.agent_reported(
+                self.orch.membership.reported(
                     session,
                     report.node_name,
                     report.address,
@@ -256,7 +245,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 node = report.node_name
         finally:
             if node:
-                self.orch.agent_left(session, node)
+                self.orch.membership.left(session, node)
         return pb.AgentSessionEnd()
 
     # --- encoding ---------------------------------------------------------------------

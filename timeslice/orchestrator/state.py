@@ -48,12 +48,12 @@ Time-driven transitions (a lease running out, a wait limit) are not handled
 here by magic: `due(now)` says which `Revoke` or `DropWaiter` is due (see
 `deadlines`), and the shell feeds it back through `handle`, so that the journal
 records it as any other decision. Which waiter is served next is `policies`';
-what a retried call is answered, `answers`'; the invariants, `invariants`'.
+what a retried call is answered, `answers`'; the invariants, `invariants`';
+hold limits, policies, nodes and agents, `settings`'.
 """
 
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Any, Final
 
 from timeslice.errors import (
@@ -65,7 +65,7 @@ from timeslice.errors import (
     NotHolderError,
     ResourceExhaustedError,
 )
-from timeslice.ids import check_id, check_node, parse_target
+from timeslice.ids import check_id, check_node
 from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.answers import AcquireOutcome, Answers, CallKind, Outcome
@@ -78,13 +78,12 @@ from timeslice.orchestrator.deadlines import (
     holder_deadlines,
     waiter_deadlines,
 )
-from timeslice.orchestrator.events import EVERY_GROUP, Effect, Event, Reason
+from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.invariants import check_groups
 from timeslice.orchestrator.model import (
     Group,
     GroupPolicy,
     GroupState,
-    HoldLimit,
     Holder,
     TableLimits,
     Waiter,
@@ -92,6 +91,7 @@ from timeslice.orchestrator.model import (
     group_to_dict,
 )
 from timeslice.orchestrator.policies import chosen
+from timeslice.orchestrator.settings import SettingEvent, Settings
 
 __all__ = ["Group", "GroupState", "Holder", "LockTable", "Waiter", "check_id", "check_node"]
 
@@ -104,14 +104,8 @@ class LockTable:
     def __init__(self) -> None:
         self.groups: dict[str, Group] = {}
         self.epoch = 0
-        # Each group's hold limit and policy; `EVERY_GROUP`'s hold for the others.
-        self.hold_limits: dict[str, HoldLimit] = {}
-        self.policies: dict[str, GroupPolicy] = {}
-        # The nodes each group spans, and where each node's agent is reached.
-        self.nodes: dict[str, tuple[str, ...]] = {}
-        self.agents: dict[str, str] = {}
-        # Per group, job and node ("" every node): the backend config the job registered.
-        self.job_backends: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        # Hold limits, policies, nodes, agents and job backends (see `settings`).
+        self.settings = Settings()
         # How long after a start a grant nobody has claimed is kept (from `Recover`).
         self.claim_grace = 30.0
         self.tickets = 0
@@ -139,18 +133,16 @@ class LockTable:
                 return self._revoke(event)
             case ev.ForceRelease():
                 return self._force_release(event)
-            case ev.SetHoldLimit():
-                return self._set_hold_limit(event)
-            case ev.SetPolicy():
-                return self._set_policy(event)
+            case (
+                ev.SetHoldLimit()
+                | ev.SetPolicy()
+                | ev.SetGroupNodes()
+                | ev.RegisterAgent()
+                | ev.SetJobBackend()
+            ):
+                return self._set(event)
             case ev.RequestYield():
                 return self._request_yield(event)
-            case ev.SetGroupNodes():
-                return self._set_group_nodes(event)
-            case ev.RegisterAgent():
-                return self._register_agent(event)
-            case ev.SetJobBackend():
-                return self._set_job_backend(event)
             case ev.SwitchDone():
                 return self._switch_done(event)
             case ev.WorkloadSeen():
@@ -398,7 +390,7 @@ class LockTable:
     def _request_yield(self, e: ev.RequestYield) -> list[Effect]:
         g = self.groups.get(e.group)
         h = g.holder if g else None
-        hold = self.hold_limit_of(e.group)
+        hold = self.settings.hold_limit_of(e.group)
         if g is None or h is None or h.token != e.token or h.yield_requested:
             return []  # that grant ended, or was asked already
         if hold.max_hold is None:
@@ -434,74 +426,37 @@ class LockTable:
         )
         return [revoked, *self._serve(g, now)]
 
-    # --- settings ---------------------------------------------------------------------
+    # --- settings -------------------------------------------------------------------
 
-    def _set_hold_limit(self, e: ev.SetHoldLimit) -> list[Effect]:
-        if e.max_hold is not None and e.max_hold <= 0:
-            raise InvalidArgumentError("a hold limit must be positive")
-        if not e.grace >= 0:
-            raise InvalidArgumentError("a hold limit's grace must not be negative")
-        self.hold_limits[e.group] = HoldLimit(max_hold=e.max_hold, grace=e.grace)
-        for g in self.groups.values():
-            self._timers.arm(g.name, HOLDER)
+    def _set(self, e: SettingEvent) -> list[Effect]:
+        self.settings.handle(e)
+        if isinstance(e, ev.SetHoldLimit):
+            for g in self.groups.values():
+                self._timers.arm(g.name, HOLDER)
         return []
 
-    def hold_limit_of(self, group: str) -> HoldLimit:
-        """`group`'s hold limit and grace."""
-        return self.hold_limits.get(group) or self.hold_limits.get(EVERY_GROUP) or HoldLimit()
+    @property
+    def nodes(self) -> dict[str, tuple[str, ...]]:
+        """The nodes each group spans."""
+        return self.settings.nodes
+
+    @property
+    def agents(self) -> dict[str, str]:
+        """Where each node's agent is reached, as it registered."""
+        return self.settings.agents
+
+    @property
+    def job_backends(self) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+        """Per group, job and node ("" every node): the backend config the job registered."""
+        return self.settings.job_backends
 
     def hold_limit(self, group: str) -> float | None:
         """The longest a holder may keep `group`."""
-        return self.hold_limit_of(group).max_hold
-
-    def _set_policy(self, e: ev.SetPolicy) -> list[Effect]:
-        if e.policy not in list(ev.Policy):
-            raise InvalidArgumentError(
-                f"unknown policy {e.policy!r}; expected one of {', '.join(ev.Policy)}"
-            )
-        if not e.aging > 0:
-            raise InvalidArgumentError("priority aging must be a positive number of seconds")
-        self.policies[e.group] = GroupPolicy(kind=ev.Policy(e.policy), aging=e.aging)
-        return []
+        return self.settings.hold_limit_of(group).max_hold
 
     def policy(self, group: str) -> GroupPolicy:
         """How `group` picks its next holder, and the priority aging it uses."""
-        return self.policies.get(group) or self.policies.get(EVERY_GROUP) or GroupPolicy()
-
-    def _set_group_nodes(self, e: ev.SetGroupNodes) -> list[Effect]:
-        check_id("group_id", e.group)
-        for node in e.nodes:
-            check_node(node)
-        if len(set(e.nodes)) != len(e.nodes):
-            raise InvalidArgumentError(f"group {e.group} names a node twice: {list(e.nodes)}")
-        if e.nodes:
-            self.nodes[e.group] = tuple(e.nodes)
-        else:
-            self.nodes.pop(e.group, None)
-        return []
-
-    def _register_agent(self, e: ev.RegisterAgent) -> list[Effect]:
-        check_node(e.node)
-        parse_target(e.address)
-        self.agents[e.node] = e.address
-        return []
-
-    def _set_job_backend(self, e: ev.SetJobBackend) -> list[Effect]:
-        check_id("group_id", e.group)
-        check_id("job_id", e.job)
-        if e.node:
-            check_node(e.node)
-        jobs = self.job_backends.setdefault(e.group, {})
-        per_node = jobs.setdefault(e.job, {})
-        if e.backend is None:
-            per_node.pop(e.node, None)
-        else:
-            per_node[e.node] = dict(e.backend)
-        if not per_node:
-            del jobs[e.job]
-        if not jobs:
-            del self.job_backends[e.group]
-        return []
+        return self.settings.policy(group)
 
     def _recover(self, e: ev.Recover) -> list[Effect]:
         self.epoch += 1
@@ -543,7 +498,7 @@ class LockTable:
         return effects
 
     def _chosen(self, g: Group, now: float) -> Waiter:
-        policy = self.policy(g.name)
+        policy = self.settings.policy(g.name)
         return chosen(g, policy.kind, policy.aging, now)
 
     def _grant(self, g: Group, w: Waiter, now: float) -> list[Effect]:
@@ -658,7 +613,7 @@ class LockTable:
         if g is None:
             return None
         if key == HOLDER:
-            return earliest(holder_deadlines(g, self.hold_limit_of(group)))
+            return earliest(holder_deadlines(g, self.settings.hold_limit_of(group)))
         w = g.queue.get(key)
         return earliest(waiter_deadlines(w)) if w else None
 
@@ -698,12 +653,7 @@ class LockTable:
         """A JSON-ready snapshot of the whole table."""
         return {
             "epoch": self.epoch,
-            "hold_limits": {name: h.max_hold for name, h in self.hold_limits.items()},
-            "hold_graces": {name: h.grace for name, h in self.hold_limits.items()},
-            "policies": {name: [str(p.kind), p.aging] for name, p in self.policies.items()},
-            "nodes": {name: list(nodes) for name, nodes in self.nodes.items()},
-            "agents": dict(self.agents),
-            "job_backends": deepcopy(self.job_backends),
+            **self.settings.to_dict(),
             "claim_grace": self.claim_grace,
             "tickets": self.tickets,
             "groups": [group_to_dict(g) for g in self.groups.values()],
@@ -715,18 +665,7 @@ class LockTable:
         """The inverse of `to_dict`."""
         table = cls()
         table.epoch = data["epoch"]
-        graces = data.get("hold_graces", {})
-        table.hold_limits = {
-            name: HoldLimit(max_hold=limit, grace=graces.get(name, 0.0))
-            for name, limit in data["hold_limits"].items()
-        }
-        table.policies = {
-            name: GroupPolicy(kind=ev.Policy(p), aging=a)
-            for name, (p, a) in data.get("policies", {}).items()
-        }
-        table.nodes = {name: tuple(nodes) for name, nodes in data.get("nodes", {}).items()}
-        table.agents = dict(data.get("agents", {}))
-        table.job_backends = deepcopy(data.get("job_backends", {}))
+        table.settings = Settings.from_dict(data)
         table.claim_grace = data.get("claim_grace", table.claim_grace)
         table.tickets = data.get("tickets", 0)
         for gd in data["groups"]:

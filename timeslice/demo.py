@@ -11,7 +11,8 @@ The same jobs run twice, through the same code, each time on a fresh
 orchestrator and agent: first back to back (one job after the other, nobody to
 share with), then all at once, taking turns. The speedup is the ratio of the two
 measured wall times; the accelerator's busy share is the time jobs held it over
-the wall time.
+the wall time. `play_round` and the tables serve the torch demo
+(`timeslice.demo_torch`, real PyTorch jobs) as well.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO, TypeVar
 
 import numpy as np
 
@@ -65,6 +66,26 @@ class DemoConfig:
             raise InvalidArgumentError(
                 f"unknown profile {self.profile!r}; known: {', '.join(sorted(PROFILES))}"
             )
+
+
+class RoundJob(Protocol):
+    """What a round runs and shows of a job: its name, its progress for the live view,
+    the time it held the accelerator doing its work, and its context (the workload
+    registered with the agent)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def held_s(self) -> float: ...
+    @property
+    def context(self) -> object: ...
+
+
+J = TypeVar("J", bound=RoundJob)
 
 
 @dataclass
@@ -170,7 +191,7 @@ class Switches:
 class LiveView:
     """A line of progress: each job's step and phase, and who holds the accelerator."""
 
-    def __init__(self, out: TextIO, label: str, jobs: Sequence[DemoJob], steps: int) -> None:
+    def __init__(self, out: TextIO, label: str, jobs: Sequence[RoundJob], steps: int) -> None:
         self.out, self.label, self.jobs, self.steps = out, label, jobs, steps
         self.tty = out.isatty()
 
@@ -198,17 +219,48 @@ class LiveView:
 async def run_round(config: DemoConfig, shared: bool, directory: Path, out: TextIO) -> RoundResult:
     """Run the jobs on a fresh orchestrator and agent: together (`shared`) or one after
     the other."""
-    label = "time-sliced" if shared else "back to back"
-    slug = label.replace(" ", "-")
     profile = PROFILES[config.profile]
-    journal = directory / f"journal-{slug}.db"
+    slug = round_label(shared).replace(" ", "-")
+    jobs = [
+        DemoJob(f"job-{i + 1}", config.mib, directory / f"store-{slug}-{i + 1}")
+        for i in range(config.jobs)
+    ]
+    try:
+        return await play_round(
+            jobs,
+            lambda job, client: job.run(client, profile, config.steps, config.step_s),
+            shared=shared,
+            directory=directory,
+            steps=config.steps,
+            out=out,
+        )
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def round_label(shared: bool) -> str:
+    """What a round is called in the live view, the table and its files' names."""
+    return "time-sliced" if shared else "back to back"
+
+
+async def play_round(
+    jobs: Sequence[J],
+    run: Callable[[J, AsyncTimeSliceOrchestratorClient], Awaitable[None]],
+    *,
+    shared: bool,
+    directory: Path,
+    steps: int,
+    out: TextIO,
+) -> RoundResult:
+    """Register the jobs' contexts with a fresh orchestrator and agent (journal under
+    `directory`) and `run` each job with a client of its own: all at once (`shared`)
+    or one after the other; measure the round. The jobs stay the caller's to close."""
+    label = round_label(shared)
+    journal = directory / f"journal-{label.replace(' ', '-')}.db"
     async with Orchestrator(db=f"sqlite:///{journal}", group_nodes={GROUP: (NODE,)}) as orch:
         agent = Agent(node_name=NODE, backends=("app_channel",), orchestrator=orch.address)
         async with agent:
-            jobs = [
-                DemoJob(f"job-{i + 1}", config.mib, directory / f"store-{slug}-{i + 1}")
-                for i in range(config.jobs)
-            ]
             registrations = [
                 await register_workload(agent.address, job.name, GROUP, job.context) for job in jobs
             ]
@@ -219,19 +271,16 @@ async def run_round(config: DemoConfig, shared: bool, directory: Path, out: Text
             switches = Switches()
             watch = orch.watch(GROUP)
             following = asyncio.create_task(switches.follow(watch))
-            view = LiveView(out, label, jobs, config.steps)
+            view = LiveView(out, label, jobs, steps)
             began = time.monotonic()
             showing = asyncio.create_task(view.show(switches, began))
             try:
-                runs = [
-                    job.run(c, profile, config.steps, config.step_s)
-                    for job, c in zip(jobs, clients, strict=True)
-                ]
+                runs = [run(job, c) for job, c in zip(jobs, clients, strict=True)]
                 if shared:
                     await asyncio.gather(*runs)
                 else:
-                    for run in runs:
-                        await run
+                    for one in runs:
+                        await one
                 wall = time.monotonic() - began
             finally:
                 showing.cancel()
@@ -243,8 +292,6 @@ async def run_round(config: DemoConfig, shared: bool, directory: Path, out: Text
                     await client.close()
                 for registration in registrations:
                     await registration.close()
-                for job in jobs:
-                    job.close()
     busy = sum(job.held_s for job in jobs)
     return RoundResult(label, wall, busy, switches.seconds, switches.bytes, journal)
 
@@ -284,21 +331,30 @@ async def write_replay(directory: Path, *rounds: RoundResult) -> Path:
 def print_table(result: DemoResult, out: TextIO) -> None:
     """The two rounds side by side."""
     a, b = result.back_to_back, result.time_sliced
+    print_rounds(round_rows(a, b), out)
+    print(f"\nreplay, switch by switch (open in a browser): {result.replay}", file=out)
+    print(f"journals: {a.journal} and {b.journal}", file=out)
+
+
+def round_rows(a: RoundResult, b: RoundResult) -> list[tuple[str, str, str]]:
+    """What the table shows of a round back to back (`a`) and one time-sliced (`b`)."""
 
     def switch_cost(r: RoundResult) -> str:
         return f"{statistics.median(r.switch_s) * 1000:.1f} ms" if r.switch_s else "-"
 
-    rows = [
+    return [
         ("wall time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s"),
-        ("speedup", "1.00x", f"{result.speedup:.2f}x"),
+        ("speedup", "1.00x", f"{a.wall_s / b.wall_s:.2f}x"),
         ("accelerator busy", f"{a.busy_share:.0%}", f"{b.busy_share:.0%}"),
         ("switches", str(len(a.switch_s)), str(len(b.switch_s))),
         ("median switch (contexts moved)", switch_cost(a), switch_cost(b)),
         ("bytes moved", f"{a.bytes_moved / MiB:.0f} MiB", f"{b.bytes_moved / MiB:.0f} MiB"),
     ]
+
+
+def print_rounds(rows: Sequence[tuple[str, str, str]], out: TextIO) -> None:
+    """Rows of (what, back to back, time-sliced), aligned under a header."""
     width = max(len(r[0]) for r in rows)
     print(f"\n{'':{width}}  {'back to back':>14}  {'time-sliced':>14}", file=out)
     for name, x, y in rows:
         print(f"{name:{width}}  {x:>14}  {y:>14}", file=out)
-    print(f"\nreplay, switch by switch (open in a browser): {result.replay}", file=out)
-    print(f"journals: {a.journal} and {b.journal}", file=out)

@@ -42,7 +42,11 @@ def test_a_pure_core_loads_no_io_stack(table: str) -> None:
 @pytest.mark.parametrize("client", ["timeslice", "timeslice.client"])
 def test_a_client_loads_no_server_sql_or_numpy(client: str) -> None:
     loaded = loaded_by(client)
-    assert not loaded & {"sqlalchemy", "numpy", "asyncpg"}, loaded
+    assert not loaded & {"sqlalchemy", "numpy", "asyncpg", "torch"}, loaded
+
+
+def test_the_workloads_load_torch_only_when_the_torch_workload_is_imported() -> None:
+    assert "torch" not in loaded_by("timeslice.workloads")
 
 
 def test_the_orchestrator_client_loads_no_agent_client_or_workload_channel() -> None:

@@ -17,6 +17,8 @@ from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_err
 from timeslice.errors import TimeSliceError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from timeslice.client import AsyncTimeSliceOrchestratorClient
 
 app = typer.Typer(
@@ -498,41 +500,92 @@ def bench(
     raise typer.Exit(code)
 
 
+# The demo's options that apply to one workload only.
+DEMO_OPTIONS = {"hostmem": ("step_seconds", "mib", "profile"), "torch": ("reward_seconds",)}
+
+
 @app.command()
 def demo(
+    ctx: typer.Context,
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="What the jobs are: hostmem (simulated RL jobs, contexts of host-memory"
+            " arrays) or torch (real PyTorch training jobs, each checked bit for bit against"
+            " its solo run; needs the torch extra)."
+        ),
+    ] = "hostmem",
     jobs: Annotated[
-        int, typer.Option(min=1, max=16, help="How many simulated RL jobs share the accelerator.")
+        int, typer.Option(min=1, max=16, help="How many RL jobs share the accelerator.")
     ] = 2,
     steps: Annotated[int, typer.Option(min=1, help="Steps per job.")] = 8,
     step_seconds: Annotated[
-        float, typer.Option(min=0.05, help="Length of one step (all its phases), seconds.")
+        float, typer.Option(min=0.05, help="hostmem: length of one step (all its phases), s.")
     ] = 1.5,
-    mib: Annotated[int, typer.Option(min=1, help="Each job's context in host memory, MiB.")] = 16,
+    mib: Annotated[int, typer.Option(min=1, help="hostmem: each job's context, MiB.")] = 16,
     profile: Annotated[
-        str, typer.Option(help="Phases of a step, from a recorded run: verl-sync, verl-async.")
+        str,
+        typer.Option(help="hostmem: phases of a step, from a recorded run: verl-sync, verl-async."),
     ] = "verl-async",
+    reward_seconds: Annotated[
+        float,
+        typer.Option(min=0.0, max=600.0, help="torch: the reward service's latency per step, s."),
+    ] = 0.8,
     directory: Annotated[
         str | None, typer.Option(help="Keep the journals here (default: a new temporary folder).")
     ] = None,
 ) -> None:
-    """Run simulated RL jobs back to back, then time-sliced on one accelerator, through
-    an embedded orchestrator and agent; print what sharing bought."""
+    """Run RL jobs back to back, then time-sliced on one accelerator, through an embedded
+    orchestrator and agent; print what sharing bought. With `--workload torch`, exit 1
+    unless every job ends time-sliced with the bits it ended with alone."""
     from pathlib import Path
 
-    from timeslice.demo import DemoConfig, run_demo
-
-    async def run() -> None:
-        await run_demo(config, where)
-
     with user_errors():
+        if workload not in DEMO_OPTIONS:
+            raise typer.BadParameter(f"unknown workload {workload!r}; known: hostmem, torch")
+        foreign = [
+            name
+            for other, names in DEMO_OPTIONS.items()
+            if other != workload
+            for name in names
+            if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+        ]
+        if foreign:
+            option = "--" + foreign[0].replace("_", "-")
+            raise typer.BadParameter(f"{option} does not apply to --workload {workload}")
+        where = Path(directory) if directory else None
+        if workload == "torch":
+            _demo_torch(jobs, steps, reward_seconds, where)
+            return
+        from timeslice.demo import DemoConfig, run_demo
+
         try:
             config = DemoConfig(jobs, steps, step_seconds, mib, profile)
         except TimeSliceError as exc:
             raise typer.BadParameter(str(exc)) from None
-        where = Path(directory) if directory else None
         if where is not None:
             where.mkdir(parents=True, exist_ok=True)
-        anyio.run(run)
+        anyio.run(run_demo, config, where)
+
+
+def _demo_torch(jobs: int, steps: int, reward_seconds: float, where: Path | None) -> None:
+    try:
+        from timeslice.demo_torch import TorchDemoConfig, run_demo
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        raise CommandError("the torch demo needs PyTorch: pip install 'timeslice[torch]'") from None
+    try:
+        config = TorchDemoConfig(jobs=jobs, steps=steps, reward_s=reward_seconds)
+    except TimeSliceError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+    result = anyio.run(run_demo, config, where)
+    if not result.identical:
+        raise CommandError(
+            "a job's parameters or loss curve differ time-sliced from its solo run (see the table)"
+        )
 
 
 @app.command()

@@ -17,6 +17,13 @@ each of its groups, either waiting behind single waiters (who hold one group
 each and give it back) or the one its group is kept for: it is granted once
 those holders yield, and no cycle of groups kept for each other can form,
 whatever order jobs ask in.
+
+A job may also hold some groups while it asks for one more (v1alpha1 clients
+take their groups one by one, in a fixed order). A group is never kept for a
+bundle while a waiter of it holds another group of that bundle: that waiter is
+served first (the lock table's `_chosen`), since the bundle could not be
+granted before it gives its group back, nor could it give it back before it is
+served.
 """
 
 from __future__ import annotations

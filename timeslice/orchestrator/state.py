@@ -499,7 +499,14 @@ class LockTable:
 
     def _chosen(self, g: Group, now: float) -> Waiter:
         policy = self.settings.policy(g.name)
-        return chosen(g, policy.kind, policy.aging, now)
+        pick = chosen(g, policy.kind, policy.aging, now)
+        if not pick.bundle:
+            return pick
+        # A waiter that holds another group of the bundle is served first: keeping
+        # `g` for the bundle while that job waits for `g` would be a cycle (a job
+        # asking for its groups one by one, in order, as v1alpha1 clients do).
+        holders = {h.job for name in pick.bundle if (h := self.groups[name].holder) is not None}
+        return next((w for w in g.queue.values() if w.job in holders), pick)
 
     def _grant(self, g: Group, w: Waiter, now: float) -> list[Effect]:
         # A group that spans nodes first has its agents move the other contexts out

@@ -9,11 +9,9 @@ that begins while another one holds its groups acquires nothing.
 A job never waits while it holds a group. A phase that begins while others hold
 some groups, and needs one more, is refused (`ConflictError`) before anything is
 sent: the earlier phase must name that group too, so that both are acquired
-together. Waiting while holding could deadlock even with one lock order shared by
-every job, because the orchestrator keeps a free group for the oldest job that
-waits for it together with others: a job holding the trainer pool and waiting
-for the sampler pool would wait forever behind a job waiting for both, which in
-turn waits for the trainer pool.
+together. Waiting while holding keeps the held group idle for the wait, and
+deadlocks as soon as two jobs ask in different orders; acquired together, the
+groups are granted at once or not at all, whatever order others ask in.
 
 A grant's lease is renewed by the client in the background; a process that
 dies stops renewing, and its groups go to the next job when the lease runs out

@@ -18,9 +18,8 @@ What differs from v1alpha1:
 - A phase's pools are acquired in one atomic call (``acquire_groups``), not the
   trainer pool and then the sampler pool, and the job never waits while it
   holds a pool: it never keeps its trainer pool idle while it waits for its
-  sampler pool, and jobs cannot deadlock however they ask. (Waiting while
-  holding, even in v1alpha1's trainer-then-sampler order, can deadlock here:
-  the orchestrator keeps a free pool for the oldest job waiting for both.)
+  sampler pool, and jobs cannot deadlock however they ask (a lock order is
+  safe only while every job keeps it).
 - Slime's asynchronous driver dispatches the next generation while training
   runs. With ``async_driver=True`` (``TIMESLICE_SLIME_ASYNC=1``) the train phase
   holds both pools, so that the generation begun inside it waits for nothing;

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (torch is imported through `need`, before what uses it)
 """A PyTorch model and its Adam optimizer, trained with a snapshot and a restore
 through a real Agent between every step (Snapshot and Restore RPCs, the app_channel
 backend, the workload channel, the registration's worker thread), end bit for bit
@@ -7,17 +8,13 @@ fails instead of skipping."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
 import pytest
 
-try:
-    import torch
-except ImportError:
-    if os.environ.get("CI") == "true":
-        raise  # the test extra brings torch: in CI these tests must run
-    pytest.skip("torch is not installed (pip install 'timeslice[torch]')", allow_module_level=True)
+from tests.optional import need
+
+torch = need("torch")  # the imports below need it first
 
 from torch import nn
 

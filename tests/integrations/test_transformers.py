@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.optional import need
+
+torch = need("torch")
+transformers = need("transformers")
 
 from plugin_cluster import Cluster  # noqa: E402
 from plugin_fakes import RecordingClient  # noqa: E402

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import need
+
+torch = need("torch")
 
 import rl_loop  # noqa: E402
 from plugin_cluster import Cluster  # noqa: E402

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import need
+
+torch = need("torch")
 
 from timeslice.demo_torch_job import (  # noqa: E402
     BanditJob,

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (torch is imported through `need`, before what uses it)
 """`TorchWorkload` on CPU: what a snapshot takes (by tag), that a restore gives the
 very same objects their very same bytes back, that the memory really goes, and that
 a saved tensor used by a forward, a backward or an optimizer step says so.
@@ -20,12 +21,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import torch
-except ImportError:
-    if os.environ.get("CI") == "true":
-        raise  # the test extra brings torch: in CI these tests must run
-    pytest.skip("torch is not installed (pip install 'timeslice[torch]')", allow_module_level=True)
+from tests.optional import need
+
+torch = need("torch")  # the imports below need it first
 
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef

@@ -221,14 +221,21 @@ class TorchWorkload:
                     if param_tags is not None:
                         own = check_tags(f"parameter {qualified!r}", param_tags(qualified, param))
                     check_plain(f"{name}.{qualified}", param)
-                    params.append(_Slot(owner=owner, local=local, label=f"{name}.{qualified}",
-                                        user_tags=user | own))  # fmt: skip
+                    params.append(
+                        _Slot(
+                            owner=owner,
+                            local=local,
+                            label=f"{name}.{qualified}",
+                            user_tags=user | own,
+                        )
+                    )
                     new_tags |= own
                 for local, buffer in owner.named_buffers(recurse=False):
                     qualified = f"{prefix}.{local}" if prefix else local
                     check_plain(f"{name}.{qualified}", buffer)
-                    buffers.append(_Slot(owner=owner, local=local, label=f"{name}.{qualified}",
-                                         user_tags=user))  # fmt: skip
+                    buffers.append(
+                        _Slot(owner=owner, local=local, label=f"{name}.{qualified}", user_tags=user)
+                    )
             self._add_tags(new_tags)
             held = _Module(module=module, params=params, buffers=buffers)
             self._guard_module(held)
@@ -390,8 +397,12 @@ class TorchWorkload:
         carries the tags of both)."""
         found: dict[int, Held] = {}
 
-        def take(label: str, tensor: torch.Tensor | None, tags: frozenset[str],
-                 grad_of: torch.Tensor | None = None) -> None:  # fmt: skip
+        def take(
+            label: str,
+            tensor: torch.Tensor | None,
+            tags: frozenset[str],
+            grad_of: torch.Tensor | None = None,
+        ) -> None:
             if tensor is None or id(tensor) in self._saved:
                 return
             seen = found.get(id(tensor))

@@ -32,6 +32,7 @@ from timeslice.agent.state import (
     Effect,
     Event,
     Finish,
+    Job,
     JobState,
     JobTable,
     Lost,
@@ -77,6 +78,8 @@ picks = st.one_of(st.integers(0, 100), st.integers(0, 100), st.none())
 timeouts = st.sampled_from([1.0, 5.0, 20.0, 20.0, 0.0, -1.0])
 token_kinds = st.sampled_from(["none", "none", "current", "newer", "stale"])
 Key = tuple[str, str]
+# What a request with an empty group names when several groups know its job id.
+AMBIGUOUS = "ambiguous"
 
 
 class JobTableMachine(RuleBasedStateMachine):
@@ -91,6 +94,17 @@ class JobTableMachine(RuleBasedStateMachine):
         self.saved: set[Key] = set()
 
     # --- helpers ----------------------------------------------------------------------
+
+    def named(self, group: str, job: str) -> Job | str | None:
+        """The job a request for (group, job) names, by the rule of the v1alpha1
+        protocol: a named group exactly (or the job registered without a group);
+        an empty group, the one job of that id in any group, or AMBIGUOUS."""
+        if group:
+            return self.table.jobs.get((group, job)) or self.table.jobs.get(("", job))
+        found = [j for j in self.table.jobs.values() if j.job == job]
+        if len(found) > 1:
+            return AMBIGUOUS
+        return found[0] if found else None
 
     def apply(self, event: Event) -> list[Effect] | TimeSliceError:
         """Handle `event`; check that a refusal changed nothing, and that every job
@@ -123,8 +137,8 @@ class JobTableMachine(RuleBasedStateMachine):
         """The one job `event` may move, or None for events that may move any."""
         match event:
             case Start() | Reset():
-                found = self.table.find(event.group, event.job)
-                return found.key if found else (event.group, event.job)
+                found = self.named(event.group, event.job)
+                return found.key if isinstance(found, Job) else (event.group, event.job)
             case Register() | Lost() | Reconciled():
                 return (event.group, event.job)
         return None
@@ -199,7 +213,7 @@ class JobTableMachine(RuleBasedStateMachine):
 
     @rule(
         kind=st.sampled_from([SNAPSHOT, RESTORE]),
-        group=st.sampled_from(GROUPS[:2]),
+        group=groups,
         job=jobs,
         token=token_kinds,
         backend=st.sampled_from((None, *BACKENDS)),
@@ -216,9 +230,12 @@ class JobTableMachine(RuleBasedStateMachine):
         taken: tuple[str, ...],
         timeout: float,
     ) -> None:
-        newest = self.tokens.get(group, 0)
+        named = self.named(group, job)
+        found = named if isinstance(named, Job) else None
+        # Found by its id alone: the tokens are those of the job's own group.
+        group_of = group or (found.group if found else "")
+        newest = self.tokens.get(group_of, 0)
         fencing = {"none": 0, "stale": newest - 1, "current": newest, "newer": newest + 1}[token]
-        found = self.table.find(group, job)
         was = found.state if found else None
         others = {c for j in self.table.jobs.values() if j.key != (group, job) for c in j.claims}
         event = Start(now=self.now, kind=kind, group=group, job=job, timeout=timeout, token=fencing, backend=backend, config=None, claims=taken)
@@ -226,6 +243,9 @@ class JobTableMachine(RuleBasedStateMachine):
         needed = R if kind == SNAPSHOT else S
         if timeout <= 0:
             assert isinstance(outcome, InvalidArgumentError), outcome
+        elif named == AMBIGUOUS:
+            assert isinstance(outcome, ConflictError), outcome
+            assert "name its group" in str(outcome)
         elif fencing and fencing < newest:
             assert isinstance(outcome, LeaseLostError), outcome
         elif found is None and (kind == RESTORE or backend is None):
@@ -248,7 +268,7 @@ class JobTableMachine(RuleBasedStateMachine):
             op = self.table.operations[run.op_id]
             assert (op.kind, op.status, op.deadline) == (kind, OpStatus.PENDING, self.now + timeout)
             if fencing:
-                self.tokens[group] = fencing
+                self.tokens[group_of] = fencing
 
     @precondition(lambda self: self.table.jobs)
     @rule(pick=st.integers(0, 100), group=st.sampled_from(GROUPS[:2]), token=token_kinds,
@@ -325,9 +345,13 @@ class JobTableMachine(RuleBasedStateMachine):
         """An operator resets the job; its backend answers (or something else
         happens first, when `ask` is false)."""
         group, job = self.choose(group, job, pick)
-        found = self.table.find(group, job)
+        named = self.named(group, job)
+        found = named if isinstance(named, Job) else None
         was = found.state if found else None
         outcome = self.apply(Reset(now=self.now, group=group, job=job))
+        if named == AMBIGUOUS:
+            assert isinstance(outcome, ConflictError), outcome
+            return
         if found is None:
             assert isinstance(outcome, NotFoundError), outcome
             return

@@ -292,8 +292,10 @@ class Agent:
         check_id("job_id", job)
         if group:
             check_id("group", group)
-        await self.check_token(group, token)
         known = self.table.find(group, job)
+        if not group and known is not None:
+            group = known.group  # found by its id alone, as v1alpha1 clients ask
+        await self.check_token(group, token)
         name = backend or (known.backend if known else None)
         claims: tuple[str, ...] = ()
         if name is not None:

@@ -2,7 +2,8 @@
 machine.
 
 One mutator, `JobTable.handle(event) -> list[effect]`; no clock, no I/O. A job
-is keyed by (group, job id). Its state:
+is keyed by (group, job id); a request with an empty group finds it by its id
+alone, as in the v1alpha1 protocol, where groups do not namespace job ids. Its state:
 
     IDLE           known, no context yet (or its state is being asked after a reset)
     RUNNING        its context is live on the accelerators
@@ -160,8 +161,21 @@ class JobTable:
     # --- lookups ----------------------------------------------------------------------
 
     def find(self, group: str, job: str) -> Job | None:
-        """The job (group, job); a job registered without a group answers for any group."""
-        return self.jobs.get((group, job)) or self.jobs.get(("", job))
+        """The job (group, job); a job registered without a group answers for any group.
+
+        An empty `group` finds the job by its id alone, in whatever group it is known
+        (v1alpha1 clients send an empty group); ConflictError when several groups
+        know that id, since only the group can tell them apart.
+        """
+        if group:
+            return self.jobs.get((group, job)) or self.jobs.get(("", job))
+        found = [j for j in self.jobs.values() if j.job == job]
+        if len(found) > 1:
+            groups = sorted(repr(j.group) for j in found)
+            more = f" and {len(groups) - 4} more" if len(groups) > 4 else ""
+            named = ", ".join(groups[:4]) + more
+            raise ConflictError(f"job {job!r} is known in groups {named}: name its group")
+        return found[0] if found else None
 
     def job(self, group: str, job: str) -> Job:
         """The job, or NotFoundError."""
@@ -221,12 +235,14 @@ class JobTable:
             check_id("group", e.group)
         if not e.timeout > 0:  # NaN too
             raise InvalidArgumentError("an operation's timeout must be positive")
-        newest = self.tokens.get(e.group, 0)
+        job = self.find(e.group, e.job)
+        # Found by its id alone (an empty group): the tokens are those of its group.
+        group = e.group or (job.group if job is not None else "")
+        newest = self.tokens.get(group, 0)
         if e.token and e.token < newest:
             raise LeaseLostError(
-                f"stale fencing token {e.token} for group {e.group!r} (newest seen {newest})"
+                f"stale fencing token {e.token} for group {group!r} (newest seen {newest})"
             )
-        job = self.find(e.group, e.job)
         if job is None:
             if e.kind == RESTORE or e.backend is None:
                 raise NotFoundError(f"unknown job {e.job!r} in group {e.group!r}")
@@ -252,7 +268,7 @@ class JobTable:
             }.get(job.state, "")
             raise ConflictError(f"cannot {e.kind} job {e.job}: it is {job.state.value}{detail}")
         if e.token:
-            self.tokens[e.group] = e.token
+            self.tokens[group] = e.token
         op = Operation(
             op_id=f"op-{self.next_op}",
             kind=e.kind,

@@ -33,6 +33,41 @@ class Code(enum.IntEnum):
     DATA_LOSS = 15
     UNAUTHENTICATED = 16
 
+    # Equal to grpcio's `grpc.StatusCode` of the same number, so that code written for
+    # the v1alpha1 client (`error.code == grpc.StatusCode.NOT_FOUND`) keeps working
+    # without this module importing grpcio.
+    def __eq__(self, other: object) -> bool:
+        number = _grpcio_status_number(other)
+        return int(self) == number if number is not None else int.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        number = _grpcio_status_number(other)
+        return int(self) != number if number is not None else int.__ne__(self, other)
+
+    def __hash__(self) -> int:
+        return int.__hash__(self)
+
+
+def _grpcio_status_number(value: object) -> int | None:
+    """The number of a grpcio `StatusCode` member (its value is ``(number, name)``);
+    None for anything else."""
+    if type(value).__name__ != "StatusCode" or isinstance(value, int):
+        return None
+    number = getattr(value, "value", None)
+    if isinstance(number, tuple) and number and isinstance(number[0], int):
+        return number[0]
+    return None
+
+
+def as_code(value: Code | int | object) -> Code:
+    """A `Code` from a `Code`, its number, or a grpcio `StatusCode`."""
+    if isinstance(value, int):
+        return Code(value)
+    number = _grpcio_status_number(value)
+    if number is None:
+        raise ValueError(f"not a gRPC status code: {value!r}")
+    return Code(number)
+
 
 class _GrpcStatus:
     """`error.status`: grpclib's `Status` for the error's `code`. grpclib is imported
@@ -54,9 +89,18 @@ class TimeSliceError(Exception):
     code: Code = Code.UNKNOWN
     status = _GrpcStatus()
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(
+        self, message: str = "", code: Code | int | object = None, details: str | None = None
+    ) -> None:
+        """``code`` and ``details`` as the v1alpha1 client's `SnapshotAgentError` takes
+        them: the status (a `Code`, its number or a grpcio `StatusCode`; default the
+        class's) and the server's own words (default ``message``)."""
         super().__init__(message)
         self.message = message
+        if code is not None:
+            self.code = as_code(code)
+        # What the server said, as the v1alpha1 client's errors carry it.
+        self.details: str | None = message if details is None else details
 
 
 class InvalidArgumentError(TimeSliceError, ValueError):
@@ -93,6 +137,13 @@ class NotHolderError(ConflictError):
     """The job does not hold the lock it tried to use (a `Yield` by a non-holder)."""
 
     code = Code.FAILED_PRECONDITION
+
+
+class YieldNotHeldError(NotHolderError, PermissionDeniedError):
+    """A `Yield` by a job that does not hold the lock: PERMISSION_DENIED on the wire,
+    as the v1alpha1 server answers it. Clients raise `NotHolderError` for it."""
+
+    code = Code.PERMISSION_DENIED
 
 
 class LeaseLostError(ConflictError):

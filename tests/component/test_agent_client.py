@@ -219,7 +219,7 @@ async def test_restore_sends_every_field_and_returns_the_operation(
     fake: FakeAgent, client: AsyncSnapshotAgentClient
 ) -> None:
     config = named_backend("noop", delay_ms="5")
-    answer = await client.restore("job-1", "g", 0, config, fencing_token=3, timeout_sec=0.0004)
+    answer = await client.restore("job-1", "g", config, fencing_token=3, timeout_sec=0.0004)
     assert answer == RestoreResponse(operation_id="op-1")
     [request] = fake.calls["restore"]
     assert (request.job_id, request.group, request.fencing_token) == ("job-1", "g", 3)
@@ -242,7 +242,7 @@ async def test_calls_without_extensions_send_what_a_v1alpha1_client_sends(
 async def test_the_deprecated_backend_is_accepted_by_name_or_value(
     fake: FakeAgent, client: AsyncSnapshotAgentClient, backend: str | int
 ) -> None:
-    await client.snapshot("job-1", "g", backend)
+    await client.snapshot("job-1", "g", backend=backend)
     await client.restore("job-1", "g", backend=backend)
     assert fake.calls["snapshot"][0].backend == pb.Backend.CUDA
     assert fake.calls["restore"][0].backend == pb.Backend.CUDA
@@ -253,7 +253,7 @@ async def test_an_unknown_backend_is_refused_before_sending(
     fake: FakeAgent, client: AsyncSnapshotAgentClient, backend: str | int
 ) -> None:
     with pytest.raises(InvalidArgumentError, match="backend"):
-        await client.snapshot("job-1", "g", backend)
+        await client.snapshot("job-1", "g", backend=backend)
     assert fake.calls["snapshot"] == []
 
 
@@ -719,16 +719,16 @@ async def test_the_blocking_client_keeps_the_v1alpha1_calls(fake: FakeAgent, add
     def user_code() -> None:
         with SnapshotAgentClient(address) as client:
             assert client.endpoint == address
-            started = client.snapshot("job-1", "g", "cuda", cuda_config([5]))
+            started = client.snapshot("job-1", "g", cuda_config([5]), backend="cuda")
             assert started == SnapshotResponse("op-1")
             done = client.wait_for_operation(started.operation_id, 0.01)
             assert done.status == "OPERATION_STATUS_COMPLETE"
             assert client.get_operation("op-1") == done
-            restored = client.restore_and_wait("job-1", "g", "CUDA", 0.01)
+            restored = client.restore_and_wait("job-1", "g", 0.01, backend="CUDA")
             assert restored.status == "OPERATION_STATUS_COMPLETE"
-            snapped = client.snapshot_and_wait("job-1", "g", 0, 0.01, named_backend("noop"))
+            snapped = client.snapshot_and_wait("job-1", "g", 0.01, named_backend("noop"))
             assert snapped.kind == "snapshot"
-            assert client.restore("job-1", "g", 1) == RestoreResponse("op-4")
+            assert client.restore("job-1", "g", backend=1) == RestoreResponse("op-4")
             assert client.status().job_statuses == [JobStatus("job-1", "JOB_STATE_SAVED")]
             assert client.check_health() == HealthResponse("SERVING")
             assert client.reset_job("job-1", "g").state == "JOB_STATE_IDLE"

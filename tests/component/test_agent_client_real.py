@@ -100,9 +100,9 @@ async def test_refusals_raise_their_errors(client: AsyncSnapshotAgentClient) -> 
 async def test_the_blocking_client_keeps_the_v1alpha1_calls(address: str) -> None:
     def user_code() -> tuple[str, str, str, str]:
         with SnapshotAgentClient(address) as client:
-            saved = client.snapshot_and_wait("job-1", "g", 0, 0.01, NOOP)
+            saved = client.snapshot_and_wait("job-1", "g", 0.01, NOOP)
             state_saved = client.status().job_statuses[0].state
-            restored = client.restore_and_wait("job-1", "g", 0, 0.01)
+            restored = client.restore_and_wait("job-1", "g", 0.01)
             state_running = client.status().job_statuses[0].state
             assert client.check_health().status == "SERVING"
             return saved.status, state_saved, restored.status, state_running

@@ -237,7 +237,7 @@ async def test_cli_status_acquire_and_yield(
 
         code, out = await _cli("yield", group, "cli-job", "--target", target)
         assert code == 1, out
-        assert "FAILED_PRECONDITION" in out
+        assert "PERMISSION_DENIED" in out  # as the v1alpha1 server answers it
 
     code, out = await _cli("status", "--target", target)
     assert code == 0, out

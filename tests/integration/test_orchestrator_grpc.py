@@ -442,8 +442,11 @@ BAD_INPUT: dict[Status, dict[str, Call]] = {
         "force-release-unknown-group": _force_release("nowhere"),
         "keepalive-unknown-group": _keep_alive("nowhere", "a", "lease-1"),
     },
-    Status.FAILED_PRECONDITION: {
+    # As the v1alpha1 server answers a Yield by a job that does not hold the lock.
+    Status.PERMISSION_DENIED: {
         "yield-not-holder": _unary("yield_", yield_("b", "g")),
+    },
+    Status.FAILED_PRECONDITION: {
         "force-release-not-holder": _force_release("g", "b"),
         "force-release-free-group": _force_release("other"),
     },
@@ -499,7 +502,7 @@ async def test_yield_by_a_waiter_is_refused_and_keeps_its_place(stub: Stub) -> N
     waiter = await start_acquire(stub, "waiter", group)
     try:
         before = (await status_of(stub, group)).to_dict()
-        assert await grpc_status(stub.yield_(yield_("waiter", group))) == Status.FAILED_PRECONDITION
+        assert await grpc_status(stub.yield_(yield_("waiter", group))) == Status.PERMISSION_DENIED
         assert (await status_of(stub, group)).to_dict() == before
         assert not waiter.done()
         assert (await stub.yield_(yield_("holder", group))).next_job_id == "waiter"
@@ -665,7 +668,7 @@ async def test_force_release_hands_the_lock_to_the_next_waiter(stub: Stub) -> No
         0,
     )
     # The job that lost the lock cannot release it any more.
-    assert await grpc_status(stub.yield_(yield_("a", group))) == Status.FAILED_PRECONDITION
+    assert await grpc_status(stub.yield_(yield_("a", group))) == Status.PERMISSION_DENIED
     assert (
         await grpc_status(stub.yield_(yield_("a", group, fencing_token=first.fencing_token)))
         == Status.ABORTED
@@ -694,7 +697,7 @@ async def test_hold_limit_revokes_a_holder_without_a_lease(journal_url: str) -> 
             (Kind.GRANTED, "b"),
         ]
         assert "hold limit" in events[2].reason
-        assert await grpc_status(stub.yield_(yield_("a", group))) == Status.FAILED_PRECONDITION
+        assert await grpc_status(stub.yield_(yield_("a", group))) == Status.PERMISSION_DENIED
 
 
 @pytest.mark.slow
@@ -761,7 +764,7 @@ async def test_request_id_retries_are_answered_as_the_first_try(stub: Stub) -> N
     assert again.fencing_token == second.fencing_token == first.fencing_token + 1
     assert (await status_of(stub, group)).to_dict() == after_yield
     # Without the request id a second Yield is a new request, and "a" does not hold.
-    assert await grpc_status(stub.yield_(yield_("a", group))) == Status.FAILED_PRECONDITION
+    assert await grpc_status(stub.yield_(yield_("a", group))) == Status.PERMISSION_DENIED
 
     await stub.yield_(yield_("b", group, request_id="yield-b"))
     # Once that grant has ended, retrying its Acquire does not queue or grant "b" again.

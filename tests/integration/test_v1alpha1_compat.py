@@ -168,7 +168,7 @@ def test_v1alpha1_programs_get_the_standard_status_codes(
     try:
         holder.acquire()
         cases = [
-            (lambda: other.yield_(), grpc.StatusCode.FAILED_PRECONDITION),
+            (lambda: other.yield_(), grpc.StatusCode.PERMISSION_DENIED),
             (
                 lambda: holder.stub.GetGroupStatus(
                     pb2.GetGroupStatusRequest(group_id="missing"), timeout=CALL_TIMEOUT

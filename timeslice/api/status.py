@@ -55,12 +55,18 @@ def to_grpc_error(error: TimeSliceError) -> GRPCError:
 
 
 def from_grpc_error(
-    error: GRPCError, conflict: type[ConflictError] = ConflictError
+    error: GRPCError,
+    conflict: type[ConflictError] = ConflictError,
+    denied: type[TimeSliceError] = PermissionDeniedError,
 ) -> TimeSliceError:
     """The timeslice exception a client raises for a `GRPCError`; `conflict` is the
-    class for FAILED_PRECONDITION (the orchestrator's client says `NotHolderError`)."""
+    class for FAILED_PRECONDITION (the orchestrator's client says `NotHolderError`),
+    `denied` the one for PERMISSION_DENIED (a Yield by a non-holder: `NotHolderError`).
+    The exception's `code` is the status received."""
     if error.status is Status.FAILED_PRECONDITION:
         cls: type[TimeSliceError] = conflict
+    elif error.status is Status.PERMISSION_DENIED:
+        cls = denied
     else:
         cls = _BY_STATUS.get(error.status, TimeSliceError)
     result = cls(error.message or error.status.name)

@@ -7,6 +7,7 @@ computes, and it raises the same exceptions the async client raises.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
@@ -28,12 +29,15 @@ from timeslice.ids import parse_target
 
 T = TypeVar("T")
 
+logger = logging.getLogger("timeslice.client")
+
 
 class TimeSliceOrchestratorClient:
     """Blocking client of the orchestrator: acquire and release a group's lock.
 
     A drop-in for the v1alpha1 client. ``channel_options`` is accepted for
-    compatibility and ignored (the transport is grpclib, not grpcio). The
+    compatibility and ignored, with a warning logged (the transport is grpclib,
+    not grpcio: its retries are the client's own). The
     keyword-only options are those of `AsyncTimeSliceOrchestratorClient`;
     ``on_lease_lost`` runs on the client's own thread.
 
@@ -56,6 +60,13 @@ class TimeSliceOrchestratorClient:
         priority: int = 0,
     ) -> None:
         parse_target(target)  # a bad target fails here, before a thread starts
+        if channel_options:
+            names = [str(o[0]) if isinstance(o, tuple) and o else repr(o) for o in channel_options]
+            logger.warning(
+                "TimeSliceOrchestratorClient ignores channel_options, grpcio's settings"
+                " (its transport is grpclib): %s",
+                ", ".join(names[:10]),
+            )
         self._runner = LoopThread("timeslice-orchestrator-client")
         self._loop = self._runner.loop
 

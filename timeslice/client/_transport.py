@@ -14,6 +14,7 @@ from timeslice.api.status import from_grpc_error
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
+    PermissionDeniedError,
     TimeSliceError,
     UnavailableError,
 )
@@ -25,14 +26,19 @@ MAX_BACKOFF_SEC = 1.0
 
 
 @contextlib.contextmanager
-def map_errors(what: str, conflict: type[ConflictError] = ConflictError) -> Iterator[None]:
-    """Turns what grpclib and the socket layer raise into timeslice exceptions."""
+def map_errors(
+    what: str,
+    conflict: type[ConflictError] = ConflictError,
+    denied: type[TimeSliceError] = PermissionDeniedError,
+) -> Iterator[None]:
+    """Turns what grpclib and the socket layer raise into timeslice exceptions
+    (`conflict` and `denied`: see `from_grpc_error`)."""
     try:
         yield
     except TimeSliceError:
         raise
     except GRPCError as error:
-        raise from_grpc_error(error, conflict) from error
+        raise from_grpc_error(error, conflict, denied) from error
     # TimeoutError is an OSError: it must be caught first.
     except TimeoutError as error:
         raise DeadlineExceededError(f"{what}: the call's deadline ran out") from error
@@ -93,6 +99,7 @@ async def call_with_retry(
     budget_sec: float | None,
     reconnect_timeout_sec: float,
     conflict: type[ConflictError] = ConflictError,
+    denied: type[TimeSliceError] = PermissionDeniedError,
 ) -> T:
     """Runs `attempt(seconds_left)` again while the server cannot be reached.
 
@@ -114,7 +121,7 @@ async def call_with_retry(
                 f" ({last_error.message})"
             ) from last_error
         try:
-            with map_errors(what, conflict):
+            with map_errors(what, conflict, denied):
                 return await in_own_task(attempt(left))
         except UnavailableError as error:
             last_error = error

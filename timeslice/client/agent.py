@@ -64,7 +64,8 @@ _WAIT_BACKSTOP_SEC = 2.0
 # an agent that does not wait (a v1alpha1 one): the client then polls instead.
 _EARLY_ANSWER_SEC = 0.5
 
-# The name the v1alpha1 client raises, so that code written for it keeps catching it.
+# The name the v1alpha1 client raises, so that code written for it keeps catching it;
+# like its errors, ours carry `code` (equal to grpcio's `StatusCode`) and `details`.
 SnapshotAgentError = TimeSliceError
 
 
@@ -150,18 +151,20 @@ class AsyncSnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> SnapshotResponse:
         """Starts moving the job's accelerator context to host storage.
 
-        ``backend_config`` chooses the backend (see `cuda_config`,
-        `app_channel_config`, `named_backend`); without it the agent uses the
-        one the job is known by. ``backend`` is the deprecated enum (``"cuda"``),
-        ignored when ``backend_config`` is given. ``fencing_token``: the caller's
+        The positional arguments are the v1alpha1 client's. ``group`` may be
+        empty: the agent then finds the job by its id alone. ``backend_config``
+        chooses the backend (see `cuda_config`, `app_channel_config`,
+        `named_backend`); without it the agent uses the one the job is known by.
+        ``backend`` is the deprecated enum (``"cuda"``), ignored when
+        ``backend_config`` is given. ``fencing_token``: the caller's
         grant for the group (an older one is refused with `LeaseLostError`).
         ``timeout_sec``: the operation's own deadline on the agent.
         """
@@ -179,9 +182,9 @@ class AsyncSnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> RestoreResponse:
@@ -311,10 +314,10 @@ class AsyncSnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         poll_interval_sec: float = 1.0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> GetOperationResponse:
@@ -332,8 +335,8 @@ class AsyncSnapshotAgentClient:
             lambda: self.snapshot(
                 job_id,
                 group,
-                backend,
                 backend_config,
+                backend=backend,
                 fencing_token=fencing_token,
                 timeout_sec=timeout_sec,
             ),
@@ -343,10 +346,10 @@ class AsyncSnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         poll_interval_sec: float = 1.0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> GetOperationResponse:
@@ -359,8 +362,8 @@ class AsyncSnapshotAgentClient:
             lambda: self.restore(
                 job_id,
                 group,
-                backend,
                 backend_config,
+                backend=backend,
                 fencing_token=fencing_token,
                 timeout_sec=timeout_sec,
             ),
@@ -551,28 +554,28 @@ class SnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> SnapshotResponse:
         """Starts a snapshot of the job; see `AsyncSnapshotAgentClient.snapshot`."""
-        call = partial(self._client.snapshot, job_id, group, backend, backend_config)
+        call = partial(self._client.snapshot, job_id, group, backend_config, backend=backend)
         return self._run(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
 
     def restore(
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> RestoreResponse:
         """Starts a restore of the job; see `AsyncSnapshotAgentClient.restore`."""
-        call = partial(self._client.restore, job_id, group, backend, backend_config)
+        call = partial(self._client.restore, job_id, group, backend_config, backend=backend)
         return self._run(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
 
     def get_operation(
@@ -613,10 +616,10 @@ class SnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         poll_interval_sec: float = 1.0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> GetOperationResponse:
@@ -626,9 +629,9 @@ class SnapshotAgentClient:
             self._client.snapshot_and_wait,
             job_id,
             group,
-            backend,
             poll_interval_sec,
             backend_config,
+            backend=backend,
         )
         return self._finished(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
 
@@ -636,17 +639,22 @@ class SnapshotAgentClient:
         self,
         job_id: str,
         group: str = "",
-        backend: BackendLike = 0,
         poll_interval_sec: float = 1.0,
         backend_config: pb.BackendConfig | None = None,
         *,
+        backend: BackendLike = 0,
         fencing_token: int = 0,
         timeout_sec: float | None = None,
     ) -> GetOperationResponse:
         """Restores the job and waits until it finishes; like the v1alpha1 client, a
         FAILED operation is returned, not raised."""
         call = partial(
-            self._client.restore_and_wait, job_id, group, backend, poll_interval_sec, backend_config
+            self._client.restore_and_wait,
+            job_id,
+            group,
+            poll_interval_sec,
+            backend_config,
+            backend=backend,
         )
         return self._finished(partial(call, fencing_token=fencing_token, timeout_sec=timeout_sec))
 

@@ -185,6 +185,12 @@ def operation_request(
     timeout_sec: float | None,
 ) -> Request:
     """A Snapshot or Restore request, checked before it is sent."""
+    if backend_config is not None and not isinstance(backend_config, pb.BackendConfig):
+        # Such as the deprecated backend enum passed where it stood before backend_config.
+        raise InvalidArgumentError(
+            "backend_config must be a BackendConfig (see cuda_config, app_channel_config,"
+            f" named_backend), not {type(backend_config).__name__}; pass backend= by name"
+        )
     if isinstance(fencing_token, bool) or not isinstance(fencing_token, int):
         raise InvalidArgumentError(f"fencing_token must be an int: {fencing_token!r}")
     if not 0 <= fencing_token < 2**64:

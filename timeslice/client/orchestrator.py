@@ -42,7 +42,15 @@ from timeslice.client.types import (
     watch_event,
     yield_result,
 )
-from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError, NotHolderError
+from timeslice.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    NotHolderError,
+    PermissionDeniedError,
+    TimeSliceError,
+    UnimplementedError,
+)
 from timeslice.ids import parse_target
 
 R = TypeVar("R")
@@ -52,8 +60,20 @@ logger = logging.getLogger("timeslice.client")
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 # How much longer than the server's own wait limit the client waits for an
-# Acquire answer before it gives up on its own.
-_ACQUIRE_BACKSTOP_SEC = 1.0
+# Acquire answer before it gives up on its own: a tenth of the wait, at least
+# 0.2 s and at most 1 s. The server's answer at its limit is the one that counts
+# (a grant the client gave up on would be held by nobody until its lease ran
+# out), and a server that knows no wait limit (a v1alpha1 one) still sees the
+# caller leave at about the time it asked for.
+_ACQUIRE_BACKSTOP_SHARE = 0.1
+_ACQUIRE_BACKSTOP_MIN_SEC = 0.2
+_ACQUIRE_BACKSTOP_MAX_SEC = 1.0
+
+
+def _acquire_deadline(wait_sec: float) -> float:
+    """The deadline of an Acquire call whose server gives up after ``wait_sec``."""
+    backstop = wait_sec * _ACQUIRE_BACKSTOP_SHARE
+    return wait_sec + min(_ACQUIRE_BACKSTOP_MAX_SEC, max(_ACQUIRE_BACKSTOP_MIN_SEC, backstop))
 
 
 class AsyncTimeSliceOrchestratorClient:
@@ -413,7 +433,11 @@ class AsyncTimeSliceOrchestratorClient:
         return self._stub
 
     async def _retrying(
-        self, what: str, timeout_sec: float | None, send: Callable[[float], Awaitable[R]]
+        self,
+        what: str,
+        timeout_sec: float | None,
+        send: Callable[[float], Awaitable[R]],
+        denied: type[TimeSliceError] = PermissionDeniedError,
     ) -> R:
         """Sends a call that is safe to repeat, retrying while the server is unreachable.
 
@@ -429,6 +453,7 @@ class AsyncTimeSliceOrchestratorClient:
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
             conflict=NotHolderError,
+            denied=denied,
         )
 
     async def _acquire(
@@ -449,7 +474,7 @@ class AsyncTimeSliceOrchestratorClient:
                 priority=self._priority,
                 more_group_ids=list(more),
             )
-            timeout = None if left is None else max(left, 0.0) + _ACQUIRE_BACKSTOP_SEC
+            timeout = None if left is None else _acquire_deadline(max(left, 0.0))
             return stub.acquire(request, timeout=timeout)
 
         response = await call_with_retry(
@@ -459,6 +484,8 @@ class AsyncTimeSliceOrchestratorClient:
             reconnect_timeout_sec=self._reconnect_timeout_sec,
             conflict=NotHolderError,
         )
+        if more and response.success and len(response.grants) != 1 + len(more):
+            await self._refuse_partial_grant(job, [group, *more], response)
         if response.success:
             now = asyncio.get_running_loop().time()
             if not response.grants:
@@ -466,6 +493,25 @@ class AsyncTimeSliceOrchestratorClient:
             for grant in response.grants:
                 self._leases.hold(grant.group_id, job, grant.fencing_token, grant.lease, now)
         return acquire_result(response)
+
+    async def _refuse_partial_grant(
+        self, job: str, groups: list[str], response: pb.AcquireResponse
+    ) -> None:
+        """A server that granted fewer groups than asked (a v1alpha1 one, which reads
+        the first group only) is told to release what it granted; then the caller is
+        told, since holding one group of a bundle is not what it asked for."""
+        granted = [grant.group_id for grant in response.grants] or groups[:1]
+        outcome = "released again"
+        for group in granted:
+            try:
+                await self._release(job, group, None)
+            except TimeSliceError as error:
+                outcome = f"releasing {group} failed ({error.message})"
+        raise UnimplementedError(
+            f"the orchestrator at {self.target} granted {', '.join(granted)} of"
+            f" {', '.join(groups)}: it cannot grant several groups at once (a v1alpha1"
+            f" server?); {outcome}"
+        )
 
     async def _release(self, job: str, group: str, timeout_sec: float | None) -> YieldResult:
         stub = self._connect()
@@ -477,10 +523,13 @@ class AsyncTimeSliceOrchestratorClient:
             fencing_token=holding.fencing_token if holding and holding.fencing_token else None,
         )
         try:
+            # A Yield by a job that does not hold the lock is answered PERMISSION_DENIED
+            # (FAILED_PRECONDITION by older servers): NotHolderError either way.
             response = await self._retrying(
                 f"Yield({group}/{job})",
                 timeout_sec,
                 lambda timeout: stub.yield_(request, timeout=timeout),
+                denied=NotHolderError,
             )
         except (ConflictError, NotFoundError):
             raise  # the grant is not ours any more: nothing left to release

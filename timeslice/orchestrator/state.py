@@ -64,6 +64,7 @@ from timeslice.errors import (
     NotFoundError,
     NotHolderError,
     ResourceExhaustedError,
+    YieldNotHeldError,
 )
 from timeslice.ids import check_id, check_node
 from timeslice.kinds import Liveness
@@ -304,7 +305,8 @@ class LockTable:
             )
         if h is None or h.job != e.job:
             holder = h.job if h else "nobody"
-            raise NotHolderError(f"job {e.job} does not hold group {e.group} ({holder} does)")
+            # PERMISSION_DENIED, as the v1alpha1 server answers it (spec/wire-api.md).
+            raise YieldNotHeldError(f"job {e.job} does not hold group {e.group} ({holder} does)")
         if h.switching:
             raise NotHolderError(f"job {e.job} is not granted {e.group} yet: its switch runs")
         waiting = len(g.queue)

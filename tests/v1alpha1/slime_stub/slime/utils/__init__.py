@@ -1,0 +1,1 @@
+"""The stand-in's `slime.utils`."""

@@ -1,0 +1,51 @@
+"""The v1alpha1 Python client's `timeslice.snapshot_agent`, answered by ours: code
+written for it (``from timeslice.snapshot_agent import SnapshotAgentClient,
+register_workload``) runs unchanged against our agent.
+
+The names are our clients (`timeslice.client`), imported when first used
+(PEP 562). Its modules are here too: `client`, `types`, `workload`,
+`adapters`, and `snapshot_agent_pb2`, whose messages are ours (betterproto2,
+built with keyword arguments as the v1alpha1 README shows:
+``snapshot_agent_pb2.BackendConfig(cuda=snapshot_agent_pb2.CudaBackendConfig())``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The public names, and the module of ours that has each.
+_LAZY: dict[str, str] = {
+    "AsyncSnapshotAgentClient": "timeslice.client",
+    "SnapshotAgentClient": "timeslice.client",
+    "SnapshotAgentError": "timeslice.client",
+    "WorkloadHandle": "timeslice.client",
+    "register_workload": "timeslice.client",
+}
+
+if TYPE_CHECKING:
+    from timeslice.client import (
+        AsyncSnapshotAgentClient,
+        SnapshotAgentClient,
+        SnapshotAgentError,
+        WorkloadHandle,
+        register_workload,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found at once next time
+    return value
+
+
+__all__ = [
+    "AsyncSnapshotAgentClient",
+    "SnapshotAgentClient",
+    "SnapshotAgentError",
+    "WorkloadHandle",
+    "register_workload",
+]

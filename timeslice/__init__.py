@@ -33,6 +33,7 @@ from timeslice.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
     TimeSliceError,
+    UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "SnapshotAgentClient",
     "TimeSliceError",
     "TimeSliceOrchestratorClient",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
     "YieldResult",

@@ -127,6 +127,12 @@ class PermissionDeniedError(TimeSliceError, PermissionError):
     code = Code.PERMISSION_DENIED
 
 
+class UnauthenticatedError(TimeSliceError, PermissionError):
+    """The call carries no credentials, or credentials the server does not know."""
+
+    code = Code.UNAUTHENTICATED
+
+
 class ConflictError(TimeSliceError):
     """The request conflicts with the current state."""
 

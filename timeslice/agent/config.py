@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from timeslice.api.connections import connection_limits
 from timeslice.errors import InvalidArgumentError
+from timeslice.security.principals import AuthPolicy
 from timeslice.ids import check_id, parse_target
 
 MiB = 1024 * 1024
@@ -33,6 +34,9 @@ class AgentConfig:
     # Jobs the agent knows at most (RESOURCE_EXHAUSTED for a new one beyond).
     max_jobs: int = 4096
     max_message_bytes: int = 4 * MiB
+    # Who may call, and what each may do (`--auth FILE`, see
+    # `timeslice.security.principals`); None: every caller may do everything.
+    auth: AuthPolicy | None = None
     drain_timeout: float = 5.0
     # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
     orchestrator: str | None = None

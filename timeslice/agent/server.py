@@ -28,6 +28,7 @@ from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
 from timeslice.api.connections import connection_limits
+from timeslice.security.callers import Authenticator
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends import (
     AcceleratorMemory,
@@ -70,7 +71,10 @@ class Agent:
         self._address: str | None = None
         self._state = "new"
         self.gate = CallGate(
-            "the agent", self.config.max_message_bytes, self.config.message_timeout
+            "the agent",
+            self.config.max_message_bytes,
+            self.config.message_timeout,
+            Authenticator(self.config.auth, "the agent"),
         )
         #: Set when the agent starts closing (health watchers are told).
         self.stopping = asyncio.Event()

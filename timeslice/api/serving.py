@@ -5,7 +5,8 @@
 - Domain errors become gRPC statuses here and nowhere else; anything
   unexpected is logged and answered INTERNAL.
 - Each call passes its server's `CallGate`, so that closing can refuse new calls
-  and drain those in flight.
+  and drain those in flight; the gate's `Authenticator` says who the caller is
+  (`timeslice.security.callers.CURRENT`, for the servicer's `authorize`).
 - A unary call waits at most `CallGate.message_timeout` for its request message.
 - The server closes the connections it accepted when it closes, and listens on
   a socket with Nagle off; it holds its connections to `ConnectionLimits`
@@ -44,6 +45,7 @@ from timeslice.api.connections import (
 from timeslice.api.wire import decode_strict
 from timeslice.api.status import to_grpc_error
 from timeslice.errors import TimeSliceError, UnavailableError
+from timeslice.security.callers import CURRENT, Authenticator
 
 _T = TypeVar("_T")
 
@@ -58,8 +60,16 @@ class CallGate:
     """Admits a server's calls while it serves, counts those in flight, and lets the
     server wait for them when it closes."""
 
-    def __init__(self, what: str, max_message_bytes: int, message_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        what: str,
+        max_message_bytes: int,
+        message_timeout: float = 10.0,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self.what = what
+        # Who each call's caller is (see `timeslice.security.callers`).
+        self.authenticator = authenticator or Authenticator(None, what)
         self.max_message_bytes = max_message_bytes
         # A unary call's request message must arrive this soon after its headers: a
         # stream opened and left half-sent would otherwise hold its task forever.
@@ -121,6 +131,8 @@ def _handler(
 
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
         try:
+            # The call's own task: the caller set here is seen by the servicer only.
+            CURRENT.set(gate.authenticator.identify(stream))
             async with gate.call():
                 limit = gate.max_message_bytes
                 if cardinality in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM):

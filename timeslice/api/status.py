@@ -23,6 +23,7 @@ from timeslice.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
     TimeSliceError,
+    UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
 )
@@ -34,7 +35,7 @@ _BY_STATUS: Final[dict[Status, type[TimeSliceError]]] = {
     Status.NOT_FOUND: NotFoundError,
     Status.ALREADY_EXISTS: AlreadyExistsError,
     Status.PERMISSION_DENIED: PermissionDeniedError,
-    Status.UNAUTHENTICATED: PermissionDeniedError,
+    Status.UNAUTHENTICATED: UnauthenticatedError,
     Status.FAILED_PRECONDITION: ConflictError,
     Status.ABORTED: LeaseLostError,
     Status.RESOURCE_EXHAUSTED: ResourceExhaustedError,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from timeslice.api.connections import connection_limits
 from timeslice.errors import InvalidArgumentError
+from timeslice.security.principals import AuthPolicy
 from timeslice.ids import check_id, check_node
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import DEFAULT_RETENTION
@@ -58,6 +59,9 @@ class OrchestratorConfig:
     # 0: at once. The journal's size is its traffic over this span.
     journal_retention: float = DEFAULT_RETENTION
     max_message_bytes: int = 4 * MiB
+    # Who may call, and what each may do (`--auth FILE`, see
+    # `timeslice.security.principals`); None: every caller may do everything.
+    auth: AuthPolicy | None = None
     # How long close() waits for calls in flight.
     drain_timeout: float = 5.0
     # What peers may hold (README, "Limits"): connections at once; streams on each;
@@ -127,7 +131,9 @@ def settings_events(config: OrchestratorConfig, table: LockTable, now: float) ->
     events: list[ev.Event] = []
     holds = {ev.EVERY_GROUP: config.hold_limit, **config.hold_limits}
     for group, limit in holds.items():
-        if table.settings.hold_limits.get(group) != HoldLimit(max_hold=limit, grace=config.hold_grace):
+        if table.settings.hold_limits.get(group) != HoldLimit(
+            max_hold=limit, grace=config.hold_grace
+        ):
             events.append(
                 ev.SetHoldLimit(now=now, group=group, max_hold=limit, grace=config.hold_grace)
             )

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from timeslice.api.connections import connection_limits
+from timeslice.security.callers import Authenticator
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     ConflictError,
@@ -71,7 +72,10 @@ class Orchestrator:
         self.calls = WaitingCalls()
         self.watches = WatchHub(self.config.max_watchers, self.config.watch_backlog)
         self.gate = CallGate(
-            "the orchestrator", self.config.max_message_bytes, self.config.message_timeout
+            "the orchestrator",
+            self.config.max_message_bytes,
+            self.config.message_timeout,
+            Authenticator(self.config.auth, "the orchestrator"),
         )
         self.agents = AgentDirectory()
         self.handoff = HandoffDriver(

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.certs import Certs, have_openssl, make_certs
+
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
@@ -21,3 +23,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """One set of test certificates for the whole run (tests/certs.py): a CA, a server
+    certificate for 127.0.0.1 and localhost, client certificates, and another CA."""
+    if not have_openssl():
+        pytest.skip("the openssl command is not installed")
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -12,9 +12,9 @@ SQL or numpy.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from timeslice._lazy import lazy_exports
 from timeslice.errors import (
     AlreadyExistsError,
     CancelledError,
@@ -87,19 +87,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found at once next time
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
 __all__ = [
     "AcquireResult",
     "Agent",
@@ -139,3 +126,5 @@ __all__ = [
     "register_workload",
     "register_workload_in_thread",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -62,7 +62,7 @@ def test_the_orchestrator_client_loads_no_agent_client_or_workload_channel() -> 
     assert not loaded & {"timeslice.client.agent", "timeslice.client.workload"}, loaded
 
 
-def test_importing_the_package_loads_only_the_errors() -> None:
+def test_importing_the_package_loads_only_the_errors_and_the_lazy_names() -> None:
     code = (
         "import sys, timeslice; "
         "print(sorted(m for m in sys.modules if m.startswith('timeslice')))"
@@ -70,7 +70,7 @@ def test_importing_the_package_loads_only_the_errors() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['timeslice', 'timeslice.errors']"
+    assert out.strip() == "['timeslice', 'timeslice._lazy', 'timeslice.errors']"
 
 
 def test_the_public_names_import_on_first_use() -> None:

@@ -13,9 +13,9 @@ channel's code, nor their generated messages.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from timeslice._lazy import lazy_exports
 from timeslice.errors import (
     OrchestratorConnectionError,
     OrchestratorError,
@@ -119,19 +119,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found at once next time
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
 __all__ = [
     "AcceleratorStatus",
     "AcquireCall",
@@ -175,3 +162,5 @@ __all__ = [
     "register_workload",
     "register_workload_in_thread",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

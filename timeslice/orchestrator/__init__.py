@@ -10,8 +10,9 @@ table (`timeslice.orchestrator.state`) loads no client, gRPC or asyncio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from timeslice._lazy import lazy_exports
 
 # The v1alpha1 client's names, and the module of ours that has each.
 _LAZY: dict[str, str] = {
@@ -50,15 +51,6 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found at once next time
-    return value
-
-
 __all__ = [
     "AcquireResult",
     "AgentJobState",
@@ -74,3 +66,5 @@ __all__ = [
     "TimeSliceOrchestratorClient",
     "YieldResult",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -11,8 +11,9 @@ built with keyword arguments as the v1alpha1 README shows:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from timeslice._lazy import lazy_exports
 
 # The public names, and the module of ours that has each.
 _LAZY: dict[str, str] = {
@@ -33,15 +34,6 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found at once next time
-    return value
-
-
 __all__ = [
     "AsyncSnapshotAgentClient",
     "SnapshotAgentClient",
@@ -49,3 +41,5 @@ __all__ = [
     "WorkloadHandle",
     "register_workload",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 from timeslice.api.connections import connection_limits
 from timeslice.errors import InvalidArgumentError
+from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
+from timeslice.security.tls import ClientTls, ServerTls, check_token
 from timeslice.ids import check_id, parse_target
 
 MiB = 1024 * 1024
@@ -37,6 +39,15 @@ class AgentConfig:
     # Who may call, and what each may do (`--auth FILE`, see
     # `timeslice.security.principals`); None: every caller may do everything.
     auth: AuthPolicy | None = None
+    # TLS (`--tls-cert`, `--tls-key`, and `--tls-client-ca` for mTLS); None: plain.
+    tls: ServerTls | None = None
+    # Serve a non-loopback host without TLS and auth anyway (refused otherwise;
+    # see `timeslice.security.exposure`), with a warning at every start.
+    insecure: bool = False
+    # The credentials of the agent's session with the orchestrator (its TLS CA, a
+    # client certificate for its mTLS, a bearer token); None and "": plain, anonymous.
+    orchestrator_tls: ClientTls | None = None
+    orchestrator_token: str = ""
     drain_timeout: float = 5.0
     # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
     orchestrator: str | None = None
@@ -57,6 +68,15 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        check_exposure(
+            "the agent",
+            self.host,
+            tls=self.tls is not None,
+            auth=self.auth is not None,
+            insecure=self.insecure,
+        )
+        if self.orchestrator_token:
+            check_token(self.orchestrator_token, "orchestrator_token")
         connection_limits(self)  # checks them
         if not self.node_name:
             raise InvalidArgumentError("node_name must not be empty")

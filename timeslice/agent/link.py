@@ -27,12 +27,13 @@ from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.backends import AcceleratorMemory
-from timeslice.client._transport import backoff_delays, in_own_task
+from timeslice.client._transport import backoff_delays, close_channel, in_own_task, open_channel
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
 from timeslice.fencing import new_key
 from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
+from timeslice.security.tls import ClientTls
 
 
 class Reporting(Protocol):
@@ -67,9 +68,19 @@ TOKEN_CHECK_TIMEOUT_SEC = 5.0
 class OrchestratorLink:
     """Keeps `agent` registered with the orchestrator at `target` while it runs."""
 
-    def __init__(self, agent: Reporting, target: str) -> None:
+    def __init__(
+        self,
+        agent: Reporting,
+        target: str,
+        *,
+        tls: ClientTls | None = None,
+        token: str = "",
+    ) -> None:
         self.agent = agent
         self.target = target
+        # The session's credentials (`AgentConfig.orchestrator_tls`, `orchestrator_token`).
+        self.tls = tls
+        self.token = token or None
         self._task: asyncio.Task[None] | None = None
         self._pidfds: dict[int, int] = {}
         self._accelerators: list[apb.AcceleratorStatus] = []
@@ -87,6 +98,9 @@ class OrchestratorLink:
                 lease_ttl_sec=None,
                 call_timeout_sec=TOKEN_CHECK_TIMEOUT_SEC,
                 reconnect_timeout_sec=TOKEN_CHECK_TIMEOUT_SEC,
+                tls=self.tls,
+                token=self.token,
+                credentials_from_env=False,
             )
         try:
             status = await self._client.get_status(
@@ -115,7 +129,7 @@ class OrchestratorLink:
         delays = backoff_delays()
         while True:
             target = parse_target(self.target)
-            channel = Channel(target.host, target.port, path=target.path)
+            channel = open_channel(target, self.tls, self.token)
             began = loop.time()
             try:
                 # In a task of its own: grpclib's cancellations when the
@@ -124,7 +138,7 @@ class OrchestratorLink:
             except Exception as exc:  # down, restarting, or it ended the session
                 log.info("session with orchestrator %s ended: %s", self.target, exc)
             finally:
-                channel.close()
+                close_channel(channel)
             if loop.time() - began > HEALTHY_SESSION_SEC:
                 delays = backoff_delays()
             await asyncio.sleep(next(delays))

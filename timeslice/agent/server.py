@@ -29,6 +29,7 @@ from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
 from timeslice.api.connections import connection_limits
 from timeslice.security.callers import Authenticator
+from timeslice.security.exposure import left_open
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends import (
     AcceleratorMemory,
@@ -130,7 +131,12 @@ class Agent:
             await self._listen()
             self.gate.open = True
             if self.config.orchestrator is not None:
-                self._link = OrchestratorLink(self, self.config.orchestrator)
+                self._link = OrchestratorLink(
+                    self,
+                    self.config.orchestrator,
+                    tls=self.config.orchestrator_tls,
+                    token=self.config.orchestrator_token,
+                )
                 self._link.start()
         except BaseException:
             # The cleanup must not replace the error that made the start fail.
@@ -204,7 +210,19 @@ class Agent:
             connection_limits(self.config),
             "the agent",
         )
-        self._address = await self._server.serve(self.config.host, self.config.port)
+        tls = self.config.tls
+        self._address = await self._server.serve(
+            self.config.host, self.config.port, ssl=None if tls is None else tls.context()
+        )
+        warning = left_open(
+            "the agent",
+            self._address,
+            host=self.config.host,
+            tls=tls is not None,
+            auth=self.config.auth is not None,
+        )
+        if warning:
+            log.warning("%s", warning)
 
     def _backend(self, name: str) -> Backend:
         backend = self.backends.get(name)

@@ -26,6 +26,7 @@ import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from ssl import SSLContext
 from typing import Any, TypeVar
 
 import betterproto2
@@ -288,10 +289,11 @@ class GrpcServer(grpclib.server.Server):
         self._protocols.add(protocol)
         return protocol
 
-    async def serve(self, host: str, port: int) -> str:
-        """Listen on HOST:PORT (0: any free port); return the address as "HOST:PORT"."""
+    async def serve(self, host: str, port: int, ssl: SSLContext | None = None) -> str:
+        """Listen on HOST:PORT (0: any free port), over TLS with `ssl`; return the
+        address as "HOST:PORT"."""
         sock = listening_socket(host, port)
-        await self.start(sock=sock)
+        await self.start(sock=sock, ssl=ssl)
         warn_if_files_run_short(self.connections.limits, self.connections.what)
         bound_host, bound_port = sock.getsockname()[:2]
         return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"

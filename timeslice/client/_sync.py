@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.client._bridge import LoopThread, OnAccelerators, run_blocking
 from timeslice.client._leases import LeaseLostCallback
+from timeslice.client._transport import credentials
 from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestratorClient
 from timeslice.client.types import (
     AcquireResult,
@@ -26,6 +27,7 @@ from timeslice.client.types import (
     YieldResult,
 )
 from timeslice.ids import parse_target
+from timeslice.security.tls import ClientTls
 
 T = TypeVar("T")
 
@@ -58,8 +60,12 @@ class TimeSliceOrchestratorClient:
         reconnect_timeout_sec: float = 30.0,
         on_lease_lost: LeaseLostCallback | None = None,
         priority: int = 0,
+        tls: ClientTls | None = None,
+        token: str | None = None,
+        credentials_from_env: bool = True,
     ) -> None:
         parse_target(target)  # a bad target fails here, before a thread starts
+        tls, token = credentials(tls, token, credentials_from_env)  # and bad credentials
         if channel_options:
             names = [str(o[0]) if isinstance(o, tuple) and o else repr(o) for o in channel_options]
             logger.warning(
@@ -80,6 +86,9 @@ class TimeSliceOrchestratorClient:
                 reconnect_timeout_sec=reconnect_timeout_sec,
                 on_lease_lost=on_lease_lost,
                 priority=priority,
+                tls=tls,
+                token=token,
+                credentials_from_env=False,
             )
 
         try:

@@ -1,13 +1,17 @@
-"""What every timeslice client does on the wire: read a target, translate
-errors, retry a call while the server cannot be reached."""
+"""What every timeslice client does on the wire: open a channel (TLS, and a
+bearer token on every call), translate errors, retry a call while the server
+cannot be reached."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
+from grpclib.client import Channel
+from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from timeslice.api.status import from_grpc_error
@@ -18,11 +22,55 @@ from timeslice.errors import (
     TimeSliceError,
     UnavailableError,
 )
+from timeslice.ids import Target
+from timeslice.security.tls import ClientTls, check_token, token_from_env
 
 T = TypeVar("T")
 
 FIRST_BACKOFF_SEC = 0.05
 MAX_BACKOFF_SEC = 1.0
+
+
+def credentials(
+    tls: ClientTls | None, token: str | None, from_env: bool = True
+) -> tuple[ClientTls | None, str | None]:
+    """A client's TLS and bearer token: those given, else (with `from_env`) those
+    of TIMESLICE_TLS_CA/CERT/KEY and TIMESLICE_TOKEN. Checked here, so that a bad
+    one fails when the client is made."""
+    if tls is None and from_env:
+        tls = ClientTls.from_env()
+    if token is None and from_env:
+        token = token_from_env()
+    return tls, (check_token(token) if token else None)
+
+
+def open_channel(target: Target, tls: ClientTls | None, token: str | None) -> Channel:
+    """A channel to `target`: over TLS when `tls` is given (TCP targets only: a Unix
+    socket is local, and its peer credentials say who calls), with
+    `authorization: Bearer <token>` on every call and stream when `token` is."""
+    context = tls.context() if tls is not None and target.path is None else None
+    channel = Channel(target.host, target.port, path=target.path, ssl=context)
+    if token:
+        value = f"Bearer {token}"
+
+        async def add_token(event: SendRequest) -> None:
+            event.metadata["authorization"] = value
+
+        listen(channel, SendRequest, add_token)
+    return channel
+
+
+def close_channel(channel: Channel) -> None:
+    """Close `channel`'s connection now. A TLS connection is dropped at once rather
+    than shut down politely: that exchange needs the event loop for another round
+    trip, and a blocking client's loop stops right after it closes, which would
+    leave the socket open."""
+    protocol = getattr(channel, "_protocol", None)
+    connection = getattr(protocol, "connection", None)
+    transport = getattr(connection, "_transport", None)
+    channel.close()
+    if transport is not None and transport.get_extra_info("ssl_object") is not None:
+        transport.abort()
 
 
 @contextlib.contextmanager
@@ -44,6 +92,10 @@ def map_errors(
         raise DeadlineExceededError(f"{what}: the call's deadline ran out") from error
     except StreamTerminatedError as error:
         raise UnavailableError(f"{what}: {error or 'the stream was reset'}") from error
+    except ssl.SSLCertVerificationError as error:
+        raise UnavailableError(
+            f"{what}: the server's certificate is not trusted: {error.verify_message}"
+        ) from error
     except OSError as error:
         raise UnavailableError(f"{what}: {error or type(error).__name__}") from error
 
@@ -124,6 +176,8 @@ async def call_with_retry(
             with map_errors(what, conflict, denied):
                 return await in_own_task(attempt(left))
         except UnavailableError as error:
+            if isinstance(error.__cause__, ssl.SSLCertVerificationError):
+                raise  # the same certificate is not trusted on the next try either
             last_error = error
             now = loop.time()
             if failing_since is None:

@@ -26,7 +26,14 @@ from grpclib.client import Channel
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.client._bridge import LoopThread
-from timeslice.client._transport import call_with_retry, in_own_task, map_errors
+from timeslice.client._transport import (
+    call_with_retry,
+    close_channel,
+    credentials,
+    in_own_task,
+    map_errors,
+    open_channel,
+)
 from timeslice.client.agent_types import (
     OPERATION_COMPLETE,
     OPERATION_FAILED,
@@ -50,6 +57,7 @@ from timeslice.errors import (
     TimeSliceError,
 )
 from timeslice.ids import parse_target
+from timeslice.security.tls import ClientTls
 
 R = TypeVar("R")
 
@@ -99,8 +107,12 @@ class AsyncSnapshotAgentClient:
 
     ``endpoint`` is ``"host:port"``, ``"[ipv6]:port"`` or ``"unix:/path"``;
     ``channel`` replaces the connection to it (and is not closed by the
-    client). ``call_timeout_sec`` bounds each call; ``reconnect_timeout_sec``
-    is how long a call keeps trying while the agent cannot be reached.
+    client). ``tls`` (a `ClientTls`) connects over TLS and ``token`` sends
+    ``authorization: Bearer <token>`` with every call; each defaults to the
+    environment's (TIMESLICE_TLS_*, TIMESLICE_TOKEN) unless
+    ``credentials_from_env`` is False. ``call_timeout_sec`` bounds each call;
+    ``reconnect_timeout_sec`` is how long a call keeps trying while the agent
+    cannot be reached.
 
     The client belongs to the event loop it is first used on.
     """
@@ -112,8 +124,12 @@ class AsyncSnapshotAgentClient:
         channel: Channel | None = None,
         call_timeout_sec: float = 10.0,
         reconnect_timeout_sec: float = 30.0,
+        tls: ClientTls | None = None,
+        token: str | None = None,
+        credentials_from_env: bool = True,
     ) -> None:
         self._target = parse_target(endpoint)
+        self._tls, self._token = credentials(tls, token, credentials_from_env)
         if not call_timeout_sec > 0:
             raise InvalidArgumentError(f"call_timeout_sec must be positive: {call_timeout_sec}")
         if not reconnect_timeout_sec >= 0:
@@ -145,7 +161,7 @@ class AsyncSnapshotAgentClient:
             return
         self._closed = True
         if self._owns_channel and self._stubs is not None:
-            self._stubs.channel.close()
+            close_channel(self._stubs.channel)
 
     async def snapshot(
         self,
@@ -411,7 +427,7 @@ class AsyncSnapshotAgentClient:
             raise RuntimeError("the agent client belongs to another event loop; make one per loop")
         if self._stubs is None:
             target = self._target
-            self._stubs = _stubs(Channel(target.host, target.port, path=target.path))
+            self._stubs = _stubs(open_channel(target, self._tls, self._token))
         return self._stubs
 
     async def _read(
@@ -501,6 +517,9 @@ class SnapshotAgentClient:
         *,
         call_timeout_sec: float = 10.0,
         reconnect_timeout_sec: float = 30.0,
+        tls: ClientTls | None = None,
+        token: str | None = None,
+        credentials_from_env: bool = True,
     ) -> None:
         if channel is not None:
             raise InvalidArgumentError(
@@ -509,6 +528,7 @@ class SnapshotAgentClient:
             )
         target = endpoint or DEFAULT_ENDPOINT
         parse_target(target)  # a bad endpoint fails here, before a thread starts
+        tls, token = credentials(tls, token, credentials_from_env)  # and bad credentials
         self._runner = LoopThread("timeslice-agent-client")
 
         async def create() -> AsyncSnapshotAgentClient:
@@ -516,6 +536,9 @@ class SnapshotAgentClient:
                 target,
                 call_timeout_sec=call_timeout_sec,
                 reconnect_timeout_sec=reconnect_timeout_sec,
+                tls=tls,
+                token=token,
+                credentials_from_env=False,
             )
 
         try:

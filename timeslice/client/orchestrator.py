@@ -24,8 +24,11 @@ from timeslice.client._bridge import AcquireCall, OnAccelerators
 from timeslice.client._leases import Holding, LeaseKeeper, LeaseLostCallback
 from timeslice.client._transport import (
     call_with_retry,
+    close_channel,
+    credentials,
     in_own_task,
     map_errors,
+    open_channel,
     own_tasks,
 )
 from timeslice.client.types import (
@@ -52,6 +55,7 @@ from timeslice.errors import (
     UnimplementedError,
 )
 from timeslice.ids import parse_target
+from timeslice.security.tls import ClientTls
 
 R = TypeVar("R")
 
@@ -85,8 +89,12 @@ class AsyncTimeSliceOrchestratorClient:
     no lease (the holder is then never revoked for silence).
     ``call_timeout_sec`` bounds each call but a waiting Acquire;
     ``reconnect_timeout_sec`` is how long a call keeps retrying while the
-    server cannot be reached. ``channel`` replaces the connection to
-    ``target`` (and is not closed by the client). ``on_lease_lost(group_id,
+    server cannot be reached. ``tls`` (a `ClientTls`) connects over TLS and
+    ``token`` sends ``authorization: Bearer <token>`` with every call; each
+    defaults to the environment's (TIMESLICE_TLS_CA, TIMESLICE_TLS_CERT,
+    TIMESLICE_TLS_KEY; TIMESLICE_TOKEN) unless ``credentials_from_env`` is
+    False. ``channel`` replaces the connection to ``target`` (and is not closed
+    by the client; its credentials are the channel's own). ``on_lease_lost(group_id,
     job_id, error)`` is called, on the client's event loop, when a held lease
     is lost; it may be a coroutine function. ``priority`` goes with every
     Acquire: higher is served first in groups under the priority policy.
@@ -107,8 +115,12 @@ class AsyncTimeSliceOrchestratorClient:
         channel: Channel | None = None,
         on_lease_lost: LeaseLostCallback | None = None,
         priority: int = 0,
+        tls: ClientTls | None = None,
+        token: str | None = None,
+        credentials_from_env: bool = True,
     ) -> None:
         self._target = parse_target(target)
+        self._tls, self._token = credentials(tls, token, credentials_from_env)
         if lease_ttl_sec is not None and not lease_ttl_sec > 0:
             raise InvalidArgumentError(f"lease_ttl_sec must be positive or None: {lease_ttl_sec}")
         if not call_timeout_sec > 0:
@@ -155,7 +167,7 @@ class AsyncTimeSliceOrchestratorClient:
         self._closed = True
         await self._leases.close()
         if self._owns_channel and self._channel is not None:
-            self._channel.close()
+            close_channel(self._channel)
 
     def acquire(
         self,
@@ -428,7 +440,7 @@ class AsyncTimeSliceOrchestratorClient:
             )
         if self._stub is None:
             target = self._target
-            self._channel = Channel(target.host, target.port, path=target.path)
+            self._channel = open_channel(target, self._tls, self._token)
             self._stub = pb.TimeSliceOrchestratorServiceStub(self._channel)
         return self._stub
 

@@ -33,7 +33,7 @@ from timeslice.api.bounds import MAX_TEXT_BYTES, cap
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.status import from_grpc_error
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.client._transport import in_own_task
+from timeslice.client._transport import close_channel, credentials, in_own_task, open_channel
 from timeslice.client.adapters import (
     Capabilities,
     RestoreCallback,
@@ -47,6 +47,7 @@ from timeslice.errors import (
     UnavailableError,
 )
 from timeslice.ids import parse_target
+from timeslice.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,15 @@ DEFAULT_CONNECT_TIMEOUT_SEC: Final = 30.0
 CLOSE_GRACE_SEC: Final = 1.0
 
 # Statuses that no retry can change: the registration ends with the error.
+# ALREADY_EXISTS: a newer registration of the same job (the same user's) took
+# this one's place; registering again would only take it back.
 FATAL_STATUSES: Final = frozenset(
     {
         Status.INVALID_ARGUMENT,
         Status.UNIMPLEMENTED,
         Status.PERMISSION_DENIED,
         Status.UNAUTHENTICATED,
+        Status.ALREADY_EXISTS,
     }
 )
 
@@ -110,8 +114,8 @@ class WorkloadRegistration:
 
     Made by `register_workload`, or directly and started with `start()` or
     `async with`. ``agent`` is the agent's address (``"host:port"``,
-    ``"unix:/path"``) or a grpclib `Channel` (not closed by the registration).
-    See `register_workload` for the rest.
+    ``"unix:/path"``) or a grpclib `Channel` (not closed by the registration;
+    its credentials are the channel's own). See `register_workload` for the rest.
     """
 
     def __init__(
@@ -127,6 +131,9 @@ class WorkloadRegistration:
         tags: Iterable[str] | None = None,
         *,
         connect_timeout_sec: float | None = DEFAULT_CONNECT_TIMEOUT_SEC,
+        tls: ClientTls | None = None,
+        token: str | None = None,
+        credentials_from_env: bool = True,
     ) -> None:
         if not isinstance(job_id, str) or not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
@@ -147,6 +154,7 @@ class WorkloadRegistration:
         self._adapter.capabilities()  # refuse inconsistent capabilities now, not on the wire
         if isinstance(agent, str):
             self._target = parse_target(agent)
+            self._tls, self._token = credentials(tls, token, credentials_from_env)
             self._channel: Channel | None = None
             self._owns_channel = True
         else:
@@ -219,7 +227,7 @@ class WorkloadRegistration:
             raise RuntimeError("the registration is closed")
         loop = asyncio.get_running_loop()
         if self._channel is None:
-            self._channel = Channel(self._target.host, self._target.port, path=self._target.path)
+            self._channel = open_channel(self._target, self._tls, self._token)
         self._executor = ThreadPoolExecutor(
             1, thread_name_prefix=f"timeslice-workload-{self.job_id}"
         )
@@ -257,7 +265,7 @@ class WorkloadRegistration:
             await self._end_session(task)
         self._connected = False
         if self._owns_channel and self._channel is not None:
-            self._channel.close()
+            close_channel(self._channel)
             self._channel = None
         if self._executor is not None:
             self._executor.shutdown(wait=False)

@@ -45,6 +45,7 @@ from timeslice.client.registration import (
     WorkloadRegistration,
 )
 from timeslice.errors import TimeSliceError
+from timeslice.security.tls import ClientTls
 
 __all__ = [
     "CLOSE_GRACE_SEC",
@@ -253,6 +254,9 @@ def register_workload(
     tags: Iterable[str] | None = None,
     *,
     connect_timeout_sec: float | None = DEFAULT_CONNECT_TIMEOUT_SEC,
+    tls: ClientTls | None = None,
+    token: str | None = None,
+    credentials_from_env: bool = True,
 ) -> WorkloadHandle:
     """Registers a workload with the agent at `agent` and keeps it registered until
     closed; the arguments are the v1alpha1 client's.
@@ -262,7 +266,9 @@ def register_workload(
     callbacks ``on_snapshot(mode, tags)`` and ``on_restore(tags)``; see
     `timeslice.client.adapters`. ``supported_modes`` ("offload", "discard"),
     ``default_mode`` and ``tags`` are what the workload registers with; they
-    override what the workload object declares.
+    override what the workload object declares. ``tls`` and ``token`` are the
+    credentials of the connection to the agent (defaults: TIMESLICE_TLS_* and
+    TIMESLICE_TOKEN, unless ``credentials_from_env`` is False).
 
     Where an event loop runs, the registration starts at once on it:
     ``registration = await register_workload(...)`` returns once registered
@@ -282,6 +288,9 @@ def register_workload(
         default_mode,
         tags,
         connect_timeout_sec=connect_timeout_sec,
+        tls=tls,
+        token=token,
+        credentials_from_env=credentials_from_env,
     )
     try:
         loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -307,6 +316,9 @@ def register_workload_in_thread(
     tags: Iterable[str] | None = None,
     *,
     connect_timeout_sec: float | None = DEFAULT_CONNECT_TIMEOUT_SEC,
+    tls: ClientTls | None = None,
+    token: str | None = None,
+    credentials_from_env: bool = True,
 ) -> WorkloadHandle:
     """`register_workload` on a thread of its own even where an event loop runs (its
     callbacks then run away from that loop). Blocks until registered;
@@ -322,5 +334,8 @@ def register_workload_in_thread(
         default_mode,
         tags,
         connect_timeout_sec=connect_timeout_sec,
+        tls=tls,
+        token=token,
+        credentials_from_env=credentials_from_env,
     )
     return WorkloadHandle(registration)

@@ -21,6 +21,7 @@ from timeslice.client.agent_types import StatusResponse
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
 from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
+from timeslice.security.tls import ClientTls
 
 # How long a status question to one agent may take before it counts as unreachable.
 STATUS_TIMEOUT = 1.0
@@ -39,8 +40,14 @@ class AgentDirectory:
     """One client per agent address, made when first needed, and what the agents
     in session report."""
 
-    def __init__(self, timeout: float = STATUS_TIMEOUT) -> None:
+    def __init__(
+        self, timeout: float = STATUS_TIMEOUT, *, tls: ClientTls | None = None, token: str = ""
+    ) -> None:
         self.timeout = timeout
+        # What the orchestrator calls every agent with (`OrchestratorConfig.agent_tls`,
+        # `agent_token`): never this process's environment, which is a user's.
+        self.tls = tls
+        self.token = token
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
         # Node name -> address, and the liveness of its jobs by (group, job), for
         # every agent in session now.
@@ -138,11 +145,24 @@ class AgentDirectory:
         """The client of the agent at `address`."""
         client = self._clients.get(address)
         if client is None:
-            client = AsyncSnapshotAgentClient(
+            client = self.new_client(
                 address, call_timeout_sec=self.timeout, reconnect_timeout_sec=0
             )
             self._clients[address] = client
         return client
+
+    def new_client(
+        self, address: str, *, call_timeout_sec: float = 10.0, reconnect_timeout_sec: float
+    ) -> AsyncSnapshotAgentClient:
+        """A client of the agent at `address`, with the orchestrator's credentials."""
+        return AsyncSnapshotAgentClient(
+            address,
+            call_timeout_sec=call_timeout_sec,
+            reconnect_timeout_sec=reconnect_timeout_sec,
+            tls=self.tls,
+            token=self.token or None,
+            credentials_from_env=False,
+        )
 
     async def job_states(
         self, group: str, addresses: Sequence[str]

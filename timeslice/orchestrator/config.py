@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 from timeslice.api.connections import connection_limits
 from timeslice.errors import InvalidArgumentError
+from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
+from timeslice.security.tls import ClientTls, ServerTls, check_token
 from timeslice.ids import check_id, check_node
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import DEFAULT_RETENTION
@@ -62,6 +64,15 @@ class OrchestratorConfig:
     # Who may call, and what each may do (`--auth FILE`, see
     # `timeslice.security.principals`); None: every caller may do everything.
     auth: AuthPolicy | None = None
+    # TLS (`--tls-cert`, `--tls-key`, and `--tls-client-ca` for mTLS); None: plain.
+    tls: ServerTls | None = None
+    # Serve a non-loopback host without TLS and auth anyway (refused otherwise;
+    # see `timeslice.security.exposure`), with a warning at every start.
+    insecure: bool = False
+    # The credentials the orchestrator calls its agents with (their TLS CA, a client
+    # certificate for their mTLS, a bearer token); None and "": plain, anonymous.
+    agent_tls: ClientTls | None = None
+    agent_token: str = ""
     # How long close() waits for calls in flight.
     drain_timeout: float = 5.0
     # What peers may hold (README, "Limits"): connections at once; streams on each;
@@ -93,6 +104,15 @@ class OrchestratorConfig:
         self.table_limits()  # checks them
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        check_exposure(
+            "the orchestrator",
+            self.host,
+            tls=self.tls is not None,
+            auth=self.auth is not None,
+            insecure=self.insecure,
+        )
+        if self.agent_token:
+            check_token(self.agent_token, "agent_token")
         connection_limits(self)  # checks them
         if self.max_watchers < 1 or self.watch_backlog < 1:
             raise InvalidArgumentError("max_watchers and watch_backlog must be at least 1")

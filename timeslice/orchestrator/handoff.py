@@ -201,7 +201,7 @@ class HandoffDriver:
         client = self._clients.get(address)
         if client is None:
             # Retried while unreachable for as long as a switch may take.
-            client = AsyncSnapshotAgentClient(address, reconnect_timeout_sec=self.timeout)
+            client = self.agents.new_client(address, reconnect_timeout_sec=self.timeout)
             self._clients[address] = client
         return client
 

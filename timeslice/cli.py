@@ -284,6 +284,21 @@ def serve_agent(
         list[str] | None,
         typer.Option(help="A group this node joins when it registers; repeatable."),
     ] = None,
+    socket_path: Annotated[
+        str | None,
+        typer.Option(
+            "--socket",
+            help="Also serve on this Unix socket (mode 0666), where node-local jobs and"
+            " workloads are known by their peer credentials.",
+        ),
+    ] = None,
+    app_endpoint_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A URL prefix beyond loopback (scheme://host:port, a path after it or"
+            " not) that the app_endpoint backend may call; repeatable."
+        ),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts)."""
@@ -302,6 +317,8 @@ def serve_agent(
                 orchestrator=orchestrator,
                 advertise=advertise,
                 groups=tuple(group or ()),
+                socket=socket_path,
+                app_endpoint_allow=tuple(app_endpoint_allow or ()),
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(str(exc)) from None
@@ -309,8 +326,9 @@ def serve_agent(
     async def serve() -> None:
         async with Agent(config) as agent:
             backends = ", ".join(sorted(agent.backends)) or "none"
+            also = f" and {agent.socket_address}" if agent.socket_address else ""
             typer.echo(
-                f"timeslice agent {config.node_name} serving on {agent.address} "
+                f"timeslice agent {config.node_name} serving on {agent.address}{also} "
                 f"(backends: {backends}; job table: {shown(db)})",
                 err=True,
             )

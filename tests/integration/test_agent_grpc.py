@@ -361,7 +361,10 @@ async def test_a_workload_that_ends_its_stream_deregisters_unless_an_operation_m
 async def test_registering_again_replaces_the_older_stream(agent: Agent, stub: Stub) -> None:
     async with workload(agent.address, "w", "g") as old:
         async with workload(agent.address, "w", "g") as new:
-            assert await old.ended() is None
+            # The older stream is told that another channel took its place.
+            ended = await old.ended()
+            assert ended is not None and ended.status == Status.ALREADY_EXISTS, ended
+            assert "took this one's place" in (ended.message or "")
             op_id = (await stub.snapshot(snapshot("w", "g", APP_CHANNEL))).operation_id
             await new.answer(await new.command())
             assert (await finish_operation(stub, op_id)).status == OpStatus.COMPLETE

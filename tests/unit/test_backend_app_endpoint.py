@@ -57,11 +57,16 @@ async def servers() -> AsyncIterator[Servers]:
 # --- config and params ------------------------------------------------------------------
 
 
-async def test_check_claims_each_endpoint_normalized(backend: AppEndpointBackend) -> None:
+async def test_check_claims_each_endpoint_normalized() -> None:
     config = {
         "app": "vllm",
         "endpoints": ["HTTP://Node-1.Example:8000/", "https://[::1]:9000/v/", "http://10.0.0.2:80"],
     }
+    # Beyond loopback only where the agent allows it (see tests/unit/test_endpoints.py).
+    allowed = ("http://NODE-1.example:8000", "http://10.0.0.2:80/")
+    backend = AppEndpointBackend(
+        BackendContext(node_name="node-a", channels=cast(Any, None), allowed_urls=allowed)
+    )
     claims = await backend.check(JobRef("g", "j", config))
     assert claims == (
         "endpoint:http://node-1.example:8000",

@@ -3,8 +3,13 @@
 A workload that does its own offload (a vLLM engine, a trainer that moves its
 tensors to pinned host memory, the host-memory workload) registers over the
 `WorkloadChannel` stream and is then sent snapshot and restore commands, each
-with an id, and answers each with a result. A newer registration of the same
-job replaces the older stream; a stream that ends fails whatever it still owed.
+with an id, and answers each with a result. A stream that ends fails whatever
+it still owed.
+
+A channel belongs to whoever opened it (`owner`: a uid over the agent's Unix
+socket, a principal over TCP). A newer registration of the same job by the same
+owner replaces the older stream, which ends with ALREADY_EXISTS saying so; one
+by another owner is refused (PERMISSION_DENIED) and the older stays.
 
 A command not answered by its deadline (a frozen workload) leaves the channel
 not knowing where the context is (`state` ""), for the workload may still carry
@@ -18,10 +23,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from timeslice.errors import (
+    AlreadyExistsError,
     ConflictError,
     DeadlineExceededError,
     InternalError,
     InvalidArgumentError,
+    PermissionDeniedError,
     UnavailableError,
 )
 from timeslice.kinds import SuspendMode
@@ -83,6 +90,11 @@ class WorkloadChannel:
     # Commands given up on unanswered: id -> (kind, the state before the command).
     overdue: dict[str, tuple[str, str]] = field(default_factory=dict)
     failure: Exception | None = None  # the error the stream ends with, if the workload broke it
+    # Who opened it ("uid 1000", "principal trainer-a", "" anonymous), whether that
+    # caller may replace anyone's channel (an operator), and the caller for logs.
+    owner: str = ""
+    owner_trusted: bool = False
+    peer: str = ""
 
     async def run(self, command: Command, timeout: float) -> Result:
         """Send `command` and wait for its result."""
@@ -136,13 +148,32 @@ class WorkloadChannels:
         self._channels: dict[tuple[str, str], WorkloadChannel] = {}
         self._ids = itertools.count(1)
 
+    def check_attach(self, channel: WorkloadChannel) -> None:
+        """Refuse `channel` (PERMISSION_DENIED) if the job's open channel belongs to
+        another owner, unless `channel`'s owner may replace anyone's."""
+        older = self._channels.get((channel.group, channel.job))
+        if older is None or older.owner == channel.owner or channel.owner_trusted:
+            return
+        raise PermissionDeniedError(
+            f"job {channel.job} already has a workload channel of another user open"
+        )
+
     def attach(self, channel: WorkloadChannel) -> None:
-        """Make `channel` the job's; an older one is closed."""
+        """Make `channel` the job's; an older one (`check_attach` allowing) is closed,
+        and told that another channel took its place."""
+        self.check_attach(channel)
         key = (channel.group, channel.job)
         older = self._channels.get(key)
         self._channels[key] = channel
         if older is not None:
-            older.close("replaced by a newer registration of the same job")
+            reason = (
+                f"replaced by a newer registration of the same job ({channel.peer or 'anonymous'})"
+            )
+            older.failure = AlreadyExistsError(
+                f"another workload channel of the same user took this one's place for job"
+                f" {channel.job}"
+            )
+            older.close(reason)
 
     def detach(self, channel: WorkloadChannel) -> bool:
         """Forget `channel`; True if it was still the job's current one."""

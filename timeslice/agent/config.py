@@ -6,7 +6,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from timeslice.agent.local_socket import check_socket_path
 from timeslice.api.connections import connection_limits
+from timeslice.backends.endpoints import normalize_prefixes
 from timeslice.errors import InvalidArgumentError
 from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
@@ -64,6 +66,12 @@ class AgentConfig:
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
     message_timeout: float = 10.0
+    # A Unix socket to serve on too (`--socket PATH`), for node-local jobs and
+    # workloads, known there by their peer credentials; None: TCP only.
+    socket: str | None = None
+    # URL prefixes beyond loopback that the app_endpoint backend may call
+    # (`--app-endpoint-allow`; see `timeslice.backends.endpoints`).
+    app_endpoint_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -89,3 +97,6 @@ class AgentConfig:
             raise InvalidArgumentError("operation timeout and retention must be positive")
         if self.max_jobs < 1:
             raise InvalidArgumentError("max_jobs must be positive")
+        if self.socket is not None:
+            check_socket_path(self.socket)
+        object.__setattr__(self, "app_endpoint_allow", normalize_prefixes(self.app_endpoint_allow))

@@ -23,6 +23,7 @@ from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
 from timeslice.agent.config import AgentConfig
 from timeslice.agent.engine import AgentEngine
 from timeslice.agent.link import OrchestratorLink
+from timeslice.agent.local_socket import BoundSocket, bind_unix, remove_socket
 from timeslice.agent.service import AgentService, HealthService
 from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.agent.store import StateStore
@@ -69,6 +70,8 @@ class Agent:
             self._new_table(), self._store, self._backend, self.config.operation_retention
         )
         self._server: GrpcServer | None = None
+        self._unix_server: GrpcServer | None = None
+        self._unix: BoundSocket | None = None
         self._address: str | None = None
         self._state = "new"
         self.gate = CallGate(
@@ -129,6 +132,7 @@ class Agent:
             self.engine.serving = True
             await self.engine.apply(st.Recover(now=time.time()))
             await self._listen()
+            await self._listen_unix()
             self.gate.open = True
             if self.config.orchestrator is not None:
                 self._link = OrchestratorLink(
@@ -166,6 +170,7 @@ class Agent:
         self._state = "closed"
         if self._server is not None:
             await self._server.stop()
+        await self._stop_unix()
         for backend in self.backends.values():
             try:
                 await backend.close()
@@ -194,7 +199,9 @@ class Agent:
             )
         for name in names:
             options = self.config.backend_options.get(name, {})
-            context = BackendContext(self.config.node_name, self.channels, options)
+            context = BackendContext(
+                self.config.node_name, self.channels, options, self.config.app_endpoint_allow
+            )
             try:
                 self.backends[name] = load_backend(name)(context)
             except TimeSliceError as exc:
@@ -223,6 +230,31 @@ class Agent:
         )
         if warning:
             log.warning("%s", warning)
+
+    async def _listen_unix(self) -> None:
+        """Serve the same services on the Unix socket too, if configured."""
+        if self.config.socket is None:
+            return
+        self._unix = bind_unix(self.config.socket)
+        self._unix_server = GrpcServer(
+            [AgentService(self), HealthService(self)],
+            connection_limits(self.config),
+            "the agent",
+        )
+        await self._unix_server.start(sock=self._unix.sock)
+
+    async def _stop_unix(self) -> None:
+        if self._unix_server is not None:
+            await self._unix_server.stop()
+        if self._unix is not None:
+            remove_socket(self._unix)
+            self._unix.sock.close()
+            self._unix = None
+
+    @property
+    def socket_address(self) -> str | None:
+        """ "unix:PATH" of the agent's Unix socket, or None when it serves none."""
+        return None if self._unix is None else f"unix:{self._unix.path}"
 
     def _backend(self, name: str) -> Backend:
         backend = self.backends.get(name)
@@ -372,6 +404,7 @@ class Agent:
             state=state,
         )
         self._backend("app_channel")
+        self.channels.check_attach(channel)  # before the table learns of it
         saved = self.engine.apply(event)  # raises at once if the table refuses it
         # Attached in the same step as the table learns of the job, so that no request
         # can find the job without its channel.

@@ -13,7 +13,15 @@ import grpclib.const
 from grpclib.exceptions import GRPCError
 
 from timeslice.agent import state as st
-from timeslice.agent.channels import Result, WorkloadChannel
+from timeslice.agent.access import (
+    authorize_call,
+    check_pids,
+    is_trusted,
+    may_replace_any,
+    owner_of,
+    refused,
+)
+from timeslice.agent.channels import Result, WorkloadChannel, WorkloadChannels
 from timeslice.agent.config import AgentConfig
 from timeslice.agent.messages import (
     JOB_STATE,
@@ -30,9 +38,11 @@ from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import CallGate, edge_mapping
 from timeslice.backends import AcceleratorMemory, Backend
-from timeslice.errors import InvalidArgumentError, NotFoundError
+from timeslice.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness, OpKind
+from timeslice.security.callers import Caller
+from timeslice.security.principals import Role, Verb
 
 
 class AgentApi(SwitchHost, Protocol):
@@ -41,6 +51,7 @@ class AgentApi(SwitchHost, Protocol):
     config: AgentConfig
     gate: CallGate
     backends: dict[str, Backend]
+    channels: WorkloadChannels
     unavailable: dict[str, str]
     stopping: asyncio.Event
 
@@ -84,9 +95,19 @@ class AgentService(pb.SnapshotAgentServiceBase):
         return pb.RestoreResponse(operation_id=op_id)
 
     async def _start(self, kind: OpKind, message: pb.SnapshotRequest | pb.RestoreRequest) -> str:
-        backend, config, params = backend_of(message.backend_config, message.backend)
+        # A fencing token is the orchestrator's: nobody else may send one.
+        verb = Verb.SWITCH if message.fencing_token else Verb.SNAPSHOT
+        caller = authorize_call(verb, job=message.job_id, group=message.group)
+        known = None if message.group else self.agent.table.find("", message.job_id)
+        if known is not None and known.group:  # found by its id alone: its group counts
+            authorize_call(verb, job=message.job_id, group=known.group)
+        try:
+            backend, config, params = backend_of(message.backend_config, message.backend)
+        except PermissionDeniedError as exc:  # pid 1
+            raise refused(caller, verb, exc.message) from None
         if message.timeout_ms is not None and message.timeout_ms <= 0:
             raise InvalidArgumentError("timeout_ms must be positive")
+        self._check_owned(caller, message.group, message.job_id, backend, config)
         return await self.agent.start_operation(
             kind,
             message.group,
@@ -104,11 +125,20 @@ class AgentService(pb.SnapshotAgentServiceBase):
         wait = message.wait_ms or 0
         if wait < 0:
             raise InvalidArgumentError("wait_ms must not be negative")
+        authorize_call(Verb.SNAPSHOT)
+        found = self.agent.table.operations.get(message.operation_id)
+        if found is not None:  # else NOT_FOUND below, as for anyone
+            authorize_call(Verb.SNAPSHOT, job=found.job, group=found.group)
         op = await self.agent.operation(message.operation_id, wait / 1000)
         return operation_response(op)
 
     async def status(self, message: pb.StatusRequest) -> pb.StatusResponse:
-        jobs = [job_status(job, self.agent.liveness(job)) for job in self.agent.table.jobs.values()]
+        caller = authorize_call(Verb.AGENT_STATUS)
+        jobs = [
+            job_status(job, self.agent.liveness(job))
+            for job in self.agent.table.jobs.values()
+            if _sees(caller, job)
+        ]
         accelerators = [
             pb.AcceleratorStatus(
                 id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
@@ -122,6 +152,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         )
 
     async def switch_group(self, message: pb.SwitchGroupRequest) -> pb.SwitchGroupResponse:
+        authorize_call(Verb.SWITCH, group=message.group)
         check_id("group", message.group)
         if message.next_job_id:
             check_id("next_job_id", message.next_job_id)
@@ -161,6 +192,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         )
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
+        authorize_call(Verb.RESET_JOB, job=message.job_id, group=message.group)
         state = await self.agent.reset(message.group, message.job_id)
         return pb.ResetJobResponse(state=JOB_STATE[state])
 
@@ -171,7 +203,10 @@ class AgentService(pb.SnapshotAgentServiceBase):
         kind, register = betterproto2.which_one_of(first, "message") if first else ("", None)
         if kind != "register" or not isinstance(register, pb.RegisterWorkload):
             raise InvalidArgumentError("the first WorkloadChannel message must be `register`")
+        caller = authorize_call(Verb.WORKLOAD_CHANNEL, job=register.job_id, group=register.group)
         channel = WorkloadChannel(register.group, register.job_id, capabilities_of(register))
+        channel.owner, channel.owner_trusted = owner_of(caller), may_replace_any(caller)
+        channel.peer = caller.who
         state = JobState.SAVED if register.state == pb.JobState.SAVED else JobState.RUNNING
         if register.state not in (pb.JobState.UNSPECIFIED, pb.JobState.RUNNING, pb.JobState.SAVED):
             raise InvalidArgumentError("a workload registers as RUNNING or SAVED")
@@ -219,6 +254,46 @@ class AgentService(pb.SnapshotAgentServiceBase):
         except Exception as exc:
             reason = f"the workload channel failed: {exc}"
         channel.close(reason or DEREGISTERED)
+
+    def _check_owned(
+        self,
+        caller: Caller,
+        group: str,
+        job: str,
+        backend: str | None,
+        config: dict[str, object] | None,
+    ) -> None:
+        """Refuse an operation on what the caller's user does not own: the processes
+        of a `cuda` job (named now or when the job became known), the workload channel
+        of an `app_channel` job."""
+        if is_trusted(caller):
+            return
+        known = self.agent.table.find(group, job)
+        if known is not None:
+            backend, config = known.backend, dict(known.config)
+        if backend == "cuda" and config is not None:
+            pids = config.get("pids")
+            if isinstance(pids, list | tuple):
+                check_pids(caller, [p for p in pids if isinstance(p, int)])
+        if known is not None and known.backend == "app_channel":
+            channel = self.agent.channels.get(known.group, known.job)
+            if channel is not None and channel.owner != owner_of(caller):
+                raise refused(
+                    caller,
+                    Verb.SNAPSHOT,
+                    f"the workload channel of {job} belongs to another user",
+                )
+
+
+def _sees(caller: Caller, job: Job) -> bool:
+    """Whether the caller's status shows `job`: a job principal's own jobs, a
+    viewer's groups; everything to an operator and to callers without a principal."""
+    principal = caller.principal
+    if principal is None or principal.role is Role.OPERATOR:
+        return True
+    if principal.role is Role.JOB and not principal.may_act_as(job.job):
+        return False
+    return principal.may_touch(job.group)
 
 
 class HealthService(health.HealthBase):

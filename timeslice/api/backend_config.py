@@ -11,7 +11,7 @@ import betterproto2
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.errors import ConflictError, InvalidArgumentError
+from timeslice.errors import ConflictError, InvalidArgumentError, PermissionDeniedError
 
 MODE_NAME: Final = {
     pb.SuspendMode.UNSPECIFIED: "",
@@ -31,6 +31,8 @@ def backend_of(
             return ("cuda", None, {}) if legacy == pb.Backend.CUDA else (None, None, {})
         case pb.CudaBackendConfig():
             pids = list(value.explicit_target.pids) if value.explicit_target else []
+            if 1 in pids:  # never a job's, on any node: not even kept
+                raise PermissionDeniedError("pid 1 is the node's init process, no job's")
             return "cuda", {"pids": pids}, {}
         case pb.AppEndpointConfig():
             if value.app not in APP_NAME:

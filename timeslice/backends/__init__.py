@@ -63,6 +63,9 @@ class BackendContext:
     node_name: str
     channels: WorkloadChannels
     options: Mapping[str, str] = field(default_factory=dict)
+    # URL prefixes beyond this node's loopback that backends may call (see
+    # `timeslice.backends.endpoints`).
+    allowed_urls: tuple[str, ...] = ()
 
 
 @runtime_checkable

@@ -27,6 +27,11 @@ anything the backend reads each server's `GET /get_server_info`: a server withou
 the memory saver would answer success and free nothing, and offload of weights
 from one without the backup would lose them. Both are refused.
 
+Only servers on this node's loopback are called, unless the agent allows more
+(`--app-endpoint-allow PREFIX`, `BackendContext.allowed_urls`; see
+`timeslice.backends.endpoints`): any other endpoint is refused before a
+connection is made. An error quotes at most 80 characters of a server's answer.
+
 Neither application reports how many bytes it moved, so `Moved` is empty; the
 backend sees no accelerators. Every request has a timeout, from the agent option
 `app_endpoint.timeout_s` (default 60 s: a large model takes a while to copy).
@@ -35,12 +40,9 @@ backend sees no accelerators. Every request has a timeout, from the agent option
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -53,6 +55,7 @@ from timeslice.backends import (
     Moved,
     parse_mode,
 )
+from timeslice.backends.endpoints import check_allowed, normalize_endpoint, normalize_prefixes
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
@@ -72,9 +75,8 @@ DEFAULT_TIMEOUT_S: Final = 60.0
 WEIGHTS: Final = "weights"
 _VLLM_LEVELS: Final = {OFFLOAD: "1", DISCARD: "2"}
 _CONFIG_KEYS: Final = frozenset({"app", "endpoints"})
-_HOST_NAME: Final = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_PATH: Final = re.compile(r"^[A-Za-z0-9._~/-]*$")
-_EXCERPT_CHARS: Final = 200
+# What an error may quote of a server's answer: the agent must not relay its bodies.
+_EXCERPT_CHARS: Final = 80
 
 T = TypeVar("T")
 
@@ -135,36 +137,6 @@ def parse_target(config: Mapping[str, Any]) -> Target:
     if len(set(endpoints)) != len(endpoints):
         raise InvalidArgumentError(f"endpoints repeat: {list(endpoints)}")
     return Target(str(app), endpoints)
-
-
-def normalize_endpoint(url: object) -> str:
-    """`scheme://host:port[/prefix]`, lower-cased where case does not matter."""
-    if not isinstance(url, str) or not url:
-        raise InvalidArgumentError(f"endpoint {url!r} is not a URL")
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidArgumentError(f"endpoint {url!r}: {exc}") from exc
-    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
-    if scheme not in ("http", "https"):
-        raise InvalidArgumentError(f"endpoint {url!r} must be an http:// or https:// URL")
-    if parts.username is not None or parts.password is not None:
-        raise InvalidArgumentError(f"endpoint {url!r} must not carry credentials")
-    if parts.query or parts.fragment or not _PATH.match(parts.path):
-        raise InvalidArgumentError(f"endpoint {url!r} may have a path prefix, no more")
-    if not host:
-        raise InvalidArgumentError(f"endpoint {url!r} has no host")
-    if port is None or port == 0:
-        raise InvalidArgumentError(f"endpoint {url!r} needs an explicit port")
-    if ":" in host:
-        try:
-            host = f"[{ipaddress.IPv6Address(host).compressed}]"
-        except ValueError as exc:
-            raise InvalidArgumentError(f"endpoint {url!r}: bad IPv6 address") from exc
-    elif not _HOST_NAME.match(host):
-        raise InvalidArgumentError(f"endpoint {url!r}: bad host name {host!r}")
-    return f"{scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
 def parse_params(params: Mapping[str, Any]) -> Params:
@@ -260,12 +232,16 @@ class AppEndpointBackend:
 
     def __init__(self, context: BackendContext) -> None:
         self._timeout = _timeout_option(context.options)
+        self._allowed = normalize_prefixes(context.allowed_urls)
         self._client: httpx.AsyncClient | None = None
         self._closed = False
 
     async def check(self, job: JobRef) -> tuple[str, ...]:
-        """Refuse a config this backend cannot act on; return the resources it claims."""
-        return tuple(f"endpoint:{url}" for url in parse_target(job.config).endpoints)
+        """Refuse a config this backend cannot act on (or may not call); return the
+        resources it claims."""
+        endpoints = parse_target(job.config).endpoints
+        check_allowed(endpoints, self._allowed)
+        return tuple(f"endpoint:{url}" for url in endpoints)
 
     async def check_operation(self, job: JobRef, kind: str, params: Mapping[str, Any]) -> None:
         """Refuse a mode or tags the application cannot apply, before anything is sent."""
@@ -380,6 +356,7 @@ class AppEndpointBackend:
         read: Callable[[httpx.Response], T] | None = None,
     ) -> list[T | None | Failure]:
         """Send `request` to every endpoint concurrently; each answer read by `read`."""
+        check_allowed(endpoints, self._allowed)  # also for jobs known from before
         client = self._http()
 
         async def one(endpoint: str) -> T | None | Failure:

@@ -64,6 +64,7 @@ from timeslice.errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     TimeSliceError,
 )
 
@@ -93,7 +94,9 @@ _UNDO: Final[dict[tuple[str, str], tuple[str, ...]]] = {
 
 
 def parse_pids(config: Mapping[str, Any]) -> tuple[int, ...]:
-    """The job's process ids, checked: `{"pids": [int, ...]}`, non-empty, no repeats."""
+    """The job's process ids, checked: `{"pids": [int, ...]}`, non-empty, no repeats,
+    neither init (pid 1) nor the agent. Whose processes a caller may name is the
+    agent's to check (`timeslice.agent.access.check_pids`)."""
     unknown = sorted(set(config) - {"pids"})
     if unknown:
         raise InvalidArgumentError(f"the cuda backend takes only 'pids', got {unknown}")
@@ -105,6 +108,8 @@ def parse_pids(config: Mapping[str, Any]) -> tuple[int, ...]:
             raise InvalidArgumentError(f"the cuda backend: {pid!r} is not a process id")
     if len(set(pids)) != len(pids):
         raise InvalidArgumentError(f"the cuda backend: process ids repeat in {list(pids)}")
+    if 1 in pids:
+        raise PermissionDeniedError("the cuda backend: pid 1 is the node's init process, no job's")
     if os.getpid() in pids:
         raise InvalidArgumentError(
             f"the cuda backend cannot checkpoint the agent (pid {os.getpid()})"

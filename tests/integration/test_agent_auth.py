@@ -8,6 +8,7 @@ with the caller."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -32,11 +33,16 @@ from agent_wire import (
 )
 from grpclib.const import Cardinality, Status
 
+from tests.certs import Certs
+from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.client.workload import register_workload
 from timeslice.errors import PermissionDeniedError
+from timeslice.orchestrator.server import Orchestrator
 from timeslice.security.principals import AuthPolicy, Principal, Role, token_sha256
+from timeslice.security.tls import ClientTls, ServerTls
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -327,3 +333,82 @@ async def test_a_local_caller_is_known_by_its_peer_credentials(agent: Agent, stu
             stubs("trainer-a").restore(pb.RestoreRequest(job_id="a", group="g"))
         )
         assert error.status == Status.PERMISSION_DENIED
+
+
+# --- the orchestrator, with its own credentials ------------------------------------------------
+
+
+@pytest.mark.parametrize("proof", ["token", "certificate"])
+async def test_the_orchestrator_switches_an_agent_with_its_own_credentials(
+    tmp_path: Path, certs: Certs, proof: str
+) -> None:
+    """The orchestrator dials the agent as an operator (a token, or a client certificate
+    the agent's CA signed, named in its auth file); jobs register their workloads as
+    themselves, and a switch moves one job's context out and the other's in."""
+    if proof == "token":
+        policy, agent_tls = POLICY, None
+        orchestrator: dict[str, Any] = {"agent_token": TOKENS["orchestrator"]}
+        jobs: dict[str, dict[str, Any]] = {
+            job: {"token": TOKENS[f"trainer-{job}"], "credentials_from_env": False}
+            for job in ("a", "b")
+        }
+    else:
+        by_subject = [
+            Principal(name="orchestrator", role=Role.OPERATOR, cert_subject="CN=orchestrator"),
+            *(
+                Principal(name=f"trainer-{j}", role=Role.JOB, cert_subject=f"CN=trainer-{j}",
+                          jobs=(j,), groups=("g",))
+                for j in ("a", "b")
+            ),
+        ]  # fmt: skip
+        policy = AuthPolicy(tuple(by_subject))
+        agent_tls = ServerTls(cert=certs.server.cert, key=certs.server.key, client_ca=certs.ca)
+        mine = certs.client("orchestrator")
+        orchestrator = {"agent_tls": ClientTls(ca=certs.ca, cert=mine.cert, key=mine.key)}
+        jobs = {
+            job: {
+                "tls": ClientTls(
+                    ca=certs.ca,
+                    cert=certs.client(f"trainer-{job}").cert,
+                    key=certs.client(f"trainer-{job}").key,
+                ),
+                "credentials_from_env": False,
+            }
+            for job in ("a", "b")
+        }
+    moved: list[str] = []
+
+    def callbacks(job: str) -> dict[str, Any]:
+        return {
+            "on_snapshot": lambda mode, tags: moved.append(f"{job} out"),
+            "on_restore": lambda tags: moved.append(f"{job} in"),
+        }
+
+    async with (
+        Orchestrator(switch_timeout=10, **orchestrator) as orch,
+        Agent(node_name="n1", backends=("noop", "app_channel"), orchestrator=orch.address,
+              groups=("g",), auth=policy, tls=agent_tls) as agent,
+    ):  # fmt: skip
+        await until(lambda: "n1" in orch.table.nodes.get("g", ()), "the agent joined g")
+        registrations = [
+            await register_workload(agent.address, job, "g", connect_timeout_sec=10,
+                                    **jobs[job], **callbacks(job))
+            for job in ("a", "b")
+        ]  # fmt: skip
+        try:
+            await until(lambda: len(agent.channels._channels) == 2, "both registered")
+            owners = {job: agent.channels.get("g", job).owner for job in ("a", "b")}  # type: ignore[union-attr]
+            assert owners == {"a": "principal trainer-a", "b": "principal trainer-b"}
+            grant = await asyncio.wait_for(orch.acquire("g", "a"), 10)
+            waiter = asyncio.ensure_future(orch.acquire("g", "b"))
+            await until(lambda: "b" in orch.table.groups["g"].queue, "b waits")
+            await orch.yield_("g", "a", token=grant.token)
+            granted = await asyncio.wait_for(waiter, 10)
+            assert granted.job == "b"
+            # a's grant moved b out; the switch to b, a out and b back in.
+            assert moved == ["b out", "a out", "b in"]
+            assert agent.table.jobs[("g", "a")].state.value == "SAVED"
+            assert agent.table.tokens["g"] == granted.token
+        finally:
+            for registration in registrations:
+                await registration.close()

@@ -142,7 +142,8 @@ async def _serve(
         if kind == "echo":
             address = await stack.enter_async_context(echo_server())
         elif kind == "orchestrator":
-            from timeslice.orchestrator.server import Orchestrator, tune_gc_for_serving
+            from timeslice.api.serving import tune_gc_for_serving
+            from timeslice.orchestrator.server import Orchestrator
 
             tune_gc_for_serving()  # as `timeslice serve orchestrator` does
             url = f"sqlite:///{db}" if db else None
@@ -293,9 +294,21 @@ async def echo_server() -> AsyncIterator[str]:
         await server.wait_closed()
 
 
+# The credentials of the measuring clients' channels (benchmarks/secure.py sets them
+# for its secured variant; spawned job processes inherit them): a CA file and a token.
+BENCH_TLS_CA = "TIMESLICE_BENCH_TLS_CA"
+BENCH_TOKEN = "TIMESLICE_BENCH_TOKEN"
+
+
 def channel(address: str) -> Channel:
-    host, port = address.rsplit(":", 1)
-    return Channel(host, int(port))
+    """A channel to `address`, made by the clients' own `open_channel` (TLS and the
+    bearer token when TIMESLICE_BENCH_TLS_CA and TIMESLICE_BENCH_TOKEN are set)."""
+    from timeslice.client._transport import open_channel
+    from timeslice.ids import parse_target
+    from timeslice.security.tls import ClientTls
+
+    ca, token = os.environ.get(BENCH_TLS_CA), os.environ.get(BENCH_TOKEN)
+    return open_channel(parse_target(address), ClientTls(ca=ca) if ca else None, token or None)
 
 
 def echo_request() -> pb.AcquireRequest:

@@ -13,6 +13,24 @@ from typing import TYPE_CHECKING, Annotated
 import anyio
 import typer
 
+from timeslice.cli_credentials import (
+    AgentTlsCa,
+    AgentTlsCert,
+    AgentTlsKey,
+    AuthFile,
+    ClientCredentials,
+    ClientTlsCert,
+    ClientTlsKey,
+    Insecure,
+    OrchestratorTlsCa,
+    OrchestratorTlsCert,
+    OrchestratorTlsKey,
+    TlsCa,
+    TlsCert,
+    TlsClientCa,
+    TlsKey,
+    Token,
+)
 from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
 from timeslice.errors import TimeSliceError
 
@@ -176,10 +194,22 @@ def serve_orchestrator(
     max_waiters_per_group: Annotated[
         int | None, typer.Option(help="Jobs waiting for one group at most (default 10000).")
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    auth: AuthFile = None,
+    insecure: Insecure = False,
+    agent_tls_ca: AgentTlsCa = None,
+    agent_tls_cert: AgentTlsCert = None,
+    agent_tls_key: AgentTlsKey = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Serve the orchestrator (the lock service) on HOST:PORT."""
+    """Serve the orchestrator (the lock service) on HOST:PORT.
+
+    Without TLS and --auth it listens on loopback only (unless --insecure). It calls
+    the agents with --agent-tls-* and the token of $TIMESLICE_AGENT_TOKEN."""
     from timeslice.api.serving import tune_gc_for_serving
+    from timeslice.cli_credentials import ENV_AGENT_TOKEN, client_tls, env_token, serve_security
     from timeslice.config_file import read_orchestrator_config
     from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
 
@@ -215,6 +245,18 @@ def serve_orchestrator(
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)
+        # A bad certificate, key or auth file: one line, exit 1.
+        security = serve_security(
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            auth=auth,
+            insecure=insecure,
+        )
+        if (dial := client_tls(agent_tls_ca, agent_tls_cert, agent_tls_key, "agent-")) is not None:
+            security["agent_tls"] = dial
+        if agent_token := env_token(ENV_AGENT_TOKEN):
+            security["agent_token"] = agent_token
         try:
             values = read_orchestrator_config(config_file) if config_file else {}
             for name, (field_name, value) in options.items():
@@ -225,6 +267,7 @@ def serve_orchestrator(
                     values[field_name] = value
             if values.get("db") == "memory":
                 values["db"] = None
+            values.update(security)
             config = OrchestratorConfig(**values)
         except TimeSliceError as exc:
             raise typer.BadParameter(str(exc)) from None
@@ -299,15 +342,49 @@ def serve_agent(
             " not) that the app_endpoint backend may call; repeatable."
         ),
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    auth: AuthFile = None,
+    insecure: Insecure = False,
+    orchestrator_tls_ca: OrchestratorTlsCa = None,
+    orchestrator_tls_cert: OrchestratorTlsCert = None,
+    orchestrator_tls_key: OrchestratorTlsKey = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Serve the node agent (snapshot and restore of jobs' accelerator contexts)."""
+    """Serve the node agent (snapshot and restore of jobs' accelerator contexts).
+
+    Without TLS and --auth it listens on loopback only (unless --insecure). Its
+    session with --orchestrator uses --orchestrator-tls-* and the token of
+    $TIMESLICE_ORCHESTRATOR_TOKEN."""
     from timeslice.agent.server import Agent, AgentConfig
+    from timeslice.cli_credentials import (
+        ENV_ORCHESTRATOR_TOKEN,
+        client_tls,
+        env_token,
+        serve_security,
+    )
 
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)
+        # A bad certificate, key or auth file: one line, exit 1.
+        security = serve_security(
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            auth=auth,
+            insecure=insecure,
+        )
+        dial = client_tls(
+            orchestrator_tls_ca, orchestrator_tls_cert, orchestrator_tls_key, "orchestrator-"
+        )
+        if dial is not None:
+            security["orchestrator_tls"] = dial
+        if orchestrator_token := env_token(ENV_ORCHESTRATOR_TOKEN):
+            security["orchestrator_token"] = orchestrator_token
         try:
             config = AgentConfig(
+                **security,
                 host=host,
                 port=port,
                 db=None if db == "memory" else db,
@@ -356,15 +433,19 @@ async def _until_signal_or(stopped: Awaitable[object]) -> None:
 
 
 def _with_client(
-    target: str, action: Callable[[AsyncTimeSliceOrchestratorClient], Awaitable[None]]
+    target: str,
+    action: Callable[[AsyncTimeSliceOrchestratorClient], Awaitable[None]],
+    credentials: Callable[[], ClientCredentials] = ClientCredentials,
 ) -> None:
     """Run `action` with a client of the orchestrator at `target`; report errors plainly.
     Operator commands hold no lease: a lock they take stays until `timeslice yield`."""
     from timeslice.client import AsyncTimeSliceOrchestratorClient
     from timeslice.ids import parse_target
 
-    async def run() -> None:
-        async with AsyncTimeSliceOrchestratorClient(target, lease_ttl_sec=None) as client:
+    async def run(given: ClientCredentials) -> None:
+        async with AsyncTimeSliceOrchestratorClient(
+            target, lease_ttl_sec=None, tls=given.tls, token=given.token
+        ) as client:
             await action(client)
 
     with user_errors(Scope(target=target)):
@@ -372,13 +453,27 @@ def _with_client(
             parse_target(target)
         except TimeSliceError as exc:
             raise typer.BadParameter(f"--target: {exc}") from None
-        anyio.run(run)
+        anyio.run(run, credentials())
+
+
+def _credentials(
+    ca: str | None, cert: str | None, key: str | None, token: str | None
+) -> Callable[[], ClientCredentials]:
+    """A client command's credentials, read when the command runs (a bad file is
+    then reported as the command's error)."""
+    from timeslice.cli_credentials import client_credentials
+
+    return lambda: client_credentials(ca, cert, key, token)
 
 
 @app.command()
 def status(
     group: Annotated[str | None, typer.Argument(help="One group; all groups when omitted.")] = None,
     target: Target = DEFAULT_TARGET,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
 ) -> None:
     """Print each group's holder, queue and fencing token."""
 
@@ -403,7 +498,7 @@ def status(
             for job, why in g.quarantined_jobs.items():
                 typer.echo(f"  quarantined: {job} ({why}); `timeslice reset-job {name} {job}`")
 
-    _with_client(target, show)
+    _with_client(target, show, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command()
@@ -412,6 +507,10 @@ def acquire(
     job: str,
     target: Target = DEFAULT_TARGET,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
 ) -> None:
     """Wait until JOB holds GROUP, then exit holding it (no lease: it holds until
     `timeslice yield`)."""
@@ -422,18 +521,26 @@ def acquire(
             f"{job} holds {group} (token {result.fencing_token}, waited {result.waited_ms} ms)"
         )
 
-    _with_client(target, take)
+    _with_client(target, take, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command("yield")
-def yield_(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
+def yield_(
+    group: str,
+    job: str,
+    target: Target = DEFAULT_TARGET,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
+) -> None:
     """Release GROUP, held by JOB."""
 
     async def give_back(client: AsyncTimeSliceOrchestratorClient) -> None:
         result = await client.release(job_id=job, group_id=group)
         typer.echo(f"{job} released {group} ({result.pending_waiters} waiting)")
 
-    _with_client(target, give_back)
+    _with_client(target, give_back, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command("force-release")
@@ -442,6 +549,10 @@ def force_release(
     job: Annotated[str, typer.Option(help="Only if this job holds the group.")] = "",
     reason: Annotated[str, typer.Option(help="Recorded in the journal.")] = "",
     target: Target = DEFAULT_TARGET,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
 ) -> None:
     """Operator action: take GROUP away from its holder; the next waiter is granted."""
 
@@ -450,11 +561,19 @@ def force_release(
         after = f"; {result.next_job_id} holds it now" if result.next_job_id else ""
         typer.echo(f"took {group} from {result.released_job_id}{after}")
 
-    _with_client(target, take_away)
+    _with_client(target, take_away, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command("reset-job")
-def reset_job(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
+def reset_job(
+    group: str,
+    job: str,
+    target: Target = DEFAULT_TARGET,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
+) -> None:
     """Operator action: lift JOB's quarantine on GROUP (after a snapshot or restore of
     its context failed), on the orchestrator and on the group's agents."""
 
@@ -464,7 +583,7 @@ def reset_job(group: str, job: str, target: Target = DEFAULT_TARGET) -> None:
             f"{job} may hold {group} again" if was else f"{job} was not quarantined on {group}"
         )
 
-    _with_client(target, reset)
+    _with_client(target, reset, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command("group-nodes")
@@ -472,6 +591,10 @@ def group_nodes(
     group: str,
     nodes: Annotated[list[str], typer.Argument(help="Node names or agent addresses HOST:PORT.")],
     target: Target = DEFAULT_TARGET,
+    tls_ca: TlsCa = None,
+    tls_cert: ClientTlsCert = None,
+    tls_key: ClientTlsKey = None,
+    token: Token = None,
 ) -> None:
     """Name the nodes GROUP spans (its grants switch the contexts on all of them)."""
 
@@ -479,7 +602,7 @@ def group_nodes(
         await client.set_group_nodes(nodes, group_id=group)
         typer.echo(f"{group} spans {', '.join(nodes)}")
 
-    _with_client(target, set_nodes)
+    _with_client(target, set_nodes, _credentials(tls_ca, tls_cert, tls_key, token))
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import ssl
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -87,6 +88,13 @@ def describe(exc: BaseException, scope: Scope) -> str:
         # The socket's own error, below the client's (UnavailableError is an OSError
         # too); an Acquire retries until its --timeout before it gives up.
         if (cause := _socket_error(exc)) is not None:
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                return (
+                    f"cannot reach the orchestrator at {scope.target}: its certificate is not"
+                    f" trusted: {cause.verify_message} (check --tls-ca or TIMESLICE_TLS_CA)"
+                )
+            if isinstance(cause, ssl.SSLError):
+                return f"TLS with the orchestrator at {scope.target} failed: {cause.reason}"
             advice = "check --target" if isinstance(cause, socket.gaierror) else "is it running?"
             return f"cannot reach the orchestrator at {scope.target}: {_reason(cause)} ({advice})"
     if isinstance(exc, TimeSliceError):

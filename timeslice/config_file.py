@@ -6,6 +6,7 @@ The keys are the fields of `OrchestratorConfig`; the per-group ones are tables:
     policy = "fifo"
     hold_limit = 900
     switch_timeout = 120
+    auth = "/etc/timeslice/auth.toml"      # the principals (--auth)
 
     [group_nodes]          # the nodes each group spans
     rollout = ["gpu-1", "gpu-2"]
@@ -16,6 +17,13 @@ The keys are the fields of `OrchestratorConfig`; the per-group ones are tables:
 
     [policies]             # per group
     trainer = "lrs"
+
+    [tls]                  # the server's TLS (--tls-cert, --tls-key, --tls-client-ca)
+    cert = "/etc/timeslice/server.pem"
+    key = "/etc/timeslice/server-key.pem"
+    client_ca = "/etc/timeslice/ca.pem"
+    [agent_tls]            # how it calls the agents (--agent-tls-ca, -cert, -key)
+    ca = "/etc/timeslice/ca.pem"
 
 (Four slashes make the path absolute: `sqlite:///journal.db` is relative to the
 working directory; a bare path works too.) Unknown keys and values of the wrong type are refused with
@@ -34,8 +42,14 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator.server import OrchestratorConfig
+from timeslice.security.principals import read_auth_file
+from timeslice.security.tls import ClientTls, ServerTls
 
 _TABLES = {"group_nodes", "hold_limits", "policies"}
+_TLS_TABLES: dict[str, tuple[type[ServerTls] | type[ClientTls], tuple[str, ...]]] = {
+    "tls": (ServerTls, ("cert", "key", "client_ca")),
+    "agent_tls": (ClientTls, ("ca", "cert", "key")),
+}
 
 # A setting's type: what a message calls it, and which TOML values are of it
 # (TOML's integers are numbers too; its booleans, ints to Python, are neither).
@@ -63,7 +77,13 @@ def read_orchestrator_config(path: str | Path) -> dict[str, Any]:
         )
     values: dict[str, Any] = {}
     for key, value in data.items():
-        if key in _TABLES:
+        if key == "auth":
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"{path}: auth must be the path of an auth file")
+            values[key] = read_auth_file(value)
+        elif key in _TLS_TABLES:
+            values[key] = _tls(path, key, value)
+        elif key in _TABLES:
             if not isinstance(value, dict):
                 raise InvalidArgumentError(f"{path}: {key} must be a table of groups")
             values[key] = {
@@ -108,3 +128,17 @@ def _group_value(path: str | Path, key: str, group: str, value: Any) -> Any:
     if key == "policies" and not isinstance(value, str):
         raise InvalidArgumentError(f"{path}: policies.{group} must be a policy's name")
     return value
+
+
+def _tls(path: str | Path, key: str, value: Any) -> ServerTls | ClientTls:
+    """The [tls] or [agent_tls] table: its files, checked as the options' are."""
+    kind, keys = _TLS_TABLES[key]
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{path}: {key} must be a table ({', '.join(keys)})")
+    if unknown := sorted(set(value) - set(keys)):
+        raise InvalidArgumentError(
+            f"{path}: unknown key(s) {key}.{', '.join(unknown)}; known: {', '.join(keys)}"
+        )
+    if not all(isinstance(item, str) for item in value.values()):
+        raise InvalidArgumentError(f"{path}: the values of {key} must be file paths")
+    return kind(**value, names=f"{path}: {key}.")

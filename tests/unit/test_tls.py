@@ -132,3 +132,31 @@ def test_an_insecure_service_says_what_it_leaves_open() -> None:
     no_tls = left_open("the agent", "0.0.0.0:5", host="0.0.0.0", tls=False, auth=True)
     assert no_tls is not None and "without TLS (--insecure)" in no_tls
     check_exposure("x", "0.0.0.0", tls=False, auth=False, insecure=True)
+
+
+def test_the_config_file_takes_tls_and_auth_tables(certs: Certs, tmp_path: Path) -> None:
+    from timeslice.config_file import read_orchestrator_config
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text(
+        '[[principal]]\nname = "ops"\ncert_subject = "CN=operator"\nrole = "operator"\n'
+    )
+    config = tmp_path / "orchestrator.toml"
+    config.write_text(
+        f'auth = "{auth}"\n'
+        f'[tls]\ncert = "{certs.server.cert}"\nkey = "{certs.server.key}"\nclient_ca = "{certs.ca}"\n'
+        f'[agent_tls]\nca = "{certs.ca}"\n'
+    )
+    values = read_orchestrator_config(config)
+    assert values["tls"] == ServerTls(
+        cert=certs.server.cert, key=certs.server.key, client_ca=certs.ca
+    )
+    assert values["agent_tls"] == ClientTls(ca=certs.ca)
+    assert values["auth"].by_subject("CN=operator").name == "ops"
+    OrchestratorConfig(host="0.0.0.0", **values)  # TLS and auth: any interface
+    config.write_text(f'[tls]\ncert = "{certs.server.cert}"\nkey = "{certs.ca}"\n')
+    with pytest.raises(InvalidArgumentError, match=r"orchestrator.toml: tls.key: .* is not a PEM"):
+        read_orchestrator_config(config)
+    config.write_text('[agent_tls]\ncafile = "x"\n')
+    with pytest.raises(InvalidArgumentError, match=r"unknown key\(s\) agent_tls.cafile"):
+        read_orchestrator_config(config)

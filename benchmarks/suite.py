@@ -72,6 +72,8 @@ BENCHMARKS = (
               240, 60),
     Benchmark("watchers", "acquire/yield latency with 4,000 Watch streams open against none",
               240, 150),
+    Benchmark("secure", "handoff and cycles with TLS and tokens against the same without",
+              300, 90, ("--rounds", "2")),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

@@ -176,3 +176,18 @@ async def test_the_token_of_timeslice_token_names_the_caller_at_the_edge(
 
         assert await asyncio.to_thread(blocking) == []
         assert len(seen) == 2 and seen[-1].principal == principal
+
+
+async def test_a_tls_handshake_never_finished_is_dropped_at_the_header_timeout(
+    certs: Certs,
+) -> None:
+    async with Orchestrator(tls=server_tls(certs), header_timeout=0.3) as orch:
+        host, port = orch.address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(5):
+                assert await reader.read() == b""  # closed by the server, not by us
+        finally:
+            writer.close()
+        assert time.monotonic() - began < 3

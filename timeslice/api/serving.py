@@ -293,10 +293,27 @@ class GrpcServer(grpclib.server.Server):
         """Listen on HOST:PORT (0: any free port), over TLS with `ssl`; return the
         address as "HOST:PORT"."""
         sock = listening_socket(host, port)
-        await self.start(sock=sock, ssl=ssl)
+        if ssl is None:
+            await self.start(sock=sock)
+        else:
+            await self._start_tls(sock, ssl)
         warn_if_files_run_short(self.connections.limits, self.connections.what)
         bound_host, bound_port = sock.getsockname()[:2]
         return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+
+    async def _start_tls(self, sock: socket.socket, ssl: SSLContext) -> None:
+        """grpclib's `start`, with a TLS handshake bounded by the header timeout: its own
+        leaves asyncio's minute, and a handshake under way is not yet a connection that
+        the limits count, so a peer that never finishes one would hold its socket."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
+        self._server = await asyncio.get_running_loop().create_server(
+            self._protocol_factory,
+            sock=sock,
+            ssl=ssl,
+            ssl_handshake_timeout=self.connections.limits.header_timeout,
+        )
+        self._server_closed_fut = asyncio.get_running_loop().create_future()
 
     async def stop(self) -> None:
         """Stop listening, cancel what still runs, and close every connection."""

@@ -15,12 +15,14 @@ import asyncio
 import ctypes
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,10 +69,17 @@ def run_as(uid: int, work: Callable[[], Any], timeout: float = 30.0) -> Any:
     """Fork, become `uid` in the child, run `work()` there on an event loop of its
     own, and return what it returned (JSON through a pipe)."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of forking a process with threads: the child here only
+        # makes a few calls on a new event loop of its own, then exits.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: never returns
-        code = 0
+        code, answer = 1, '{"error": "the child failed"}'
         try:
+            # Never outlive the parent's wait: killed by the alarm, it closes the pipe.
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(int(timeout))
             os.close(read_end)
             os.setgroups([])
             os.setgid(uid)
@@ -78,13 +87,14 @@ def run_as(uid: int, work: Callable[[], Any], timeout: float = 30.0) -> Any:
             # A process that changed its uid is not dumpable: its /proc files would
             # stay root's, and no process of its own would look like its own.
             ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-            answer = json.dumps({"ok": work()})
+            answer, code = json.dumps({"ok": work()}), 0
         except BaseException as exc:
-            answer, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}), 1
+            answer = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         finally:
-            with os.fdopen(write_end, "w") as out:
-                out.write(answer)
-            os._exit(code)
+            try:
+                os.write(write_end, answer.encode())  # a few hundred bytes: one write
+            finally:
+                os._exit(code)
     os.close(write_end)
     deadline = time.monotonic() + timeout
     with os.fdopen(read_end) as pipe:

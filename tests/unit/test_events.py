@@ -53,6 +53,9 @@ EVENTS: list[ev.Event] = [
     ev.ResetJob(now=8.9, group="g", job="other"),
     ev.WorkloadSeen(now=8.95, group="g", job="job", seen=(Liveness.GONE, Liveness.UNKNOWN)),
     ev.Acquire(now=9.0, group="gröup ✓", job="jöb", call_id="1.1", request_id="ré"),
+    ev.Acquire(now=9.5, group="g", job="job", call_id="1.2", principal="trainer-a", lease_secret="Zm9v-_x"),
+    ev.Yield(now=9.6, group="g", job="job", token=8, principal="trainer-a"),
+    ev.KeepAlive(now=9.7, group="g", job="job", lease_id="lease-8-Zm9v-_x", principal="trainer-a"),
 ]
 
 

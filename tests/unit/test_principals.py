@@ -88,6 +88,10 @@ def test_an_agent_registers_only_as_its_nodes(policy: AuthPolicy) -> None:
         check(agent, Verb.AGENT_SESSION, node="gpu-2")
     with pytest.raises(PermissionDeniedError):
         check(agent, Verb.ACQUIRE, job="gpu-1", group="g")
+    check(agent, Verb.STATUS, group="g")  # to check a fencing token it is sent
+    for verb in (Verb.YIELD, Verb.FORCE_RELEASE, Verb.SET_GROUP_NODES, Verb.RESET_JOB):
+        with pytest.raises(PermissionDeniedError, match=r"\(agent\) may not"):
+            check(agent, verb, group="g")
 
 
 def test_an_operator_may_do_everything_and_a_viewer_only_look(policy: AuthPolicy) -> None:

@@ -28,6 +28,7 @@ from timeslice.errors import (
     LeaseLostError,
     NotFoundError,
     NotHolderError,
+    PermissionDeniedError,
     TimeSliceError,
 )
 from timeslice.kinds import Liveness
@@ -72,6 +73,9 @@ class LockTableMachine(RuleBasedStateMachine):
         # A grant nobody has claimed yet, and the (waited, restored) it was made with.
         self.unclaimed: dict[str, bool] = dict.fromkeys(GROUPS, False)
         self.made: dict[str, tuple[float, bool]] = {}
+        # The lease secret a waiter's or holder's grant has (each job acquires as
+        # principal "p-<job>").
+        self.secret: dict[tuple[str, str], str] = {}
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -213,9 +217,14 @@ class LockTableMachine(RuleBasedStateMachine):
     def acquire_event(self, e: ev.Acquire) -> list[ev.Effect] | TimeSliceError:
         """Apply an Acquire, and learn what no effect tells: when the job joined (for
         the wait its grant reports), and the call a switching grant waits on."""
-        if self.holder[e.group] != e.job and e.job not in self.queue[e.group]:
+        holding = self.holder[e.group] == e.job
+        if not holding and e.job not in self.queue[e.group]:
             self.since[e.group, e.job] = e.now  # unused unless it joins
         outcome = self.apply(e)
+        if isinstance(outcome, list) and not holding:
+            # a new waiter or grant takes its call's secret, a waiter re-attached too;
+            # a holder asking again keeps the lease it has
+            self.secret[e.group, e.job] = e.lease_secret
         if isinstance(outcome, list) and self.holder[e.group] == e.job and self.switching[e.group]:
             self.call[e.group, e.job] = e.call_id
         return outcome
@@ -233,7 +242,7 @@ class LockTableMachine(RuleBasedStateMachine):
         for group in with_nodes:
             self.set_group_nodes(group, ("n1", "n2"))
         for group in GROUPS[:2]:
-            event = ev.Acquire(now=self.now, group=group, job="a", call_id=self.fresh("call"), request_id="", lease_ttl=lease_ttl)
+            event = ev.Acquire(now=self.now, group=group, job="a", call_id=self.fresh("call"), request_id="", lease_ttl=lease_ttl, principal="p-a", lease_secret=self.fresh("s"))
             assert isinstance(self.acquire_event(event), list)
 
     @rule(
@@ -255,7 +264,7 @@ class LockTableMachine(RuleBasedStateMachine):
     ) -> None:
         rid = self.request_id("acq", reuse) if with_request else ""
         deadline = None if wait is None else self.now + wait
-        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=rid, lease_ttl=lease_ttl, wait_deadline=deadline)
+        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=rid, lease_ttl=lease_ttl, wait_deadline=deadline, principal=f"p-{job}", lease_secret=self.fresh("s"))
         holding = self.holder[group] == job
         there = holding or job in self.queue[group]
         busy = self.holder[group] is not None
@@ -381,17 +390,44 @@ class LockTableMachine(RuleBasedStateMachine):
         group = self.left_with_a_context()[pick % len(self.left_with_a_context())]
         self.acquire(group, self.active[group], lease_ttl, None, False, None)
 
-    @rule(group=groups, job=jobs)
-    def keep_alive(self, group: str, job: str) -> None:
+    @rule(group=groups, job=jobs, shown=st.booleans())
+    def keep_alive(self, group: str, job: str, shown: bool = False) -> None:
+        """With the lease id its grant was told, or (`shown`) the one its group's
+        status shows, which lacks the secret and renews nothing."""
         token = self.current_token(group, job)
         lease_id = f"lease-{token if token is not None else 0}"
+        if token is not None and not shown:
+            lease_id += f"-{self.secret[group, job]}"
         outcome = self.apply(ev.KeepAlive(now=self.now, group=group, job=job, lease_id=lease_id))
-        if token is not None and not self.switching[group]:
+        if shown and token is not None and group in self.table.groups:
+            assert isinstance(outcome, LeaseLostError), outcome
+        elif token is not None and not self.switching[group]:
             assert isinstance(outcome, list) and isinstance(outcome[0], ev.LeaseRenewed)
         elif group in self.table.groups:
             assert isinstance(outcome, LeaseLostError), outcome
         else:
             assert isinstance(outcome, NotFoundError), outcome
+
+    @precondition(lambda self: self.held())
+    @rule(pick=st.integers(0, 2), kind=st.sampled_from(["yield", "keep_alive", "acquire"]))
+    def another_principal_uses_the_grant(self, pick: int, kind: str) -> None:
+        """The holder's job id, its lease and its fencing token, used by a principal
+        other than the one that acquired: refused, nothing changes."""
+        group = self.held()[pick % len(self.held())]
+        job = self.holder[group]
+        assert job is not None
+        token = self.newest[group]
+        lease_id = f"lease-{token}-{self.secret[group, job]}"
+        event: ev.Event = {
+            "yield": ev.Yield(now=self.now, group=group, job=job, token=token, principal="intruder"),
+            "keep_alive": ev.KeepAlive(now=self.now, group=group, job=job, lease_id=lease_id, principal="intruder"),
+            "acquire": ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=self.fresh("acq"), principal="intruder"),
+        }[kind]
+        outcome = self.apply(event)
+        if kind == "acquire" and job in self.quarantined[group]:
+            assert isinstance(outcome, ConflictError), outcome
+        else:
+            assert isinstance(outcome, PermissionDeniedError), outcome
 
     @rule(group=groups, job=jobs, stale=st.booleans())
     def drop_waiter(self, group: str, job: str, stale: bool) -> None:
@@ -540,7 +576,7 @@ class LockTableMachine(RuleBasedStateMachine):
                                        reason=ev.Reason.SWITCH_FAILED, detail=why, call_id=call))
         else:
             expires = self.now + h.lease_ttl if h.lease_ttl else None
-            lease = ev.LeaseInfo(lease_id=f"lease-{token}", ttl=h.lease_ttl or 0.0, expires_at=expires)
+            lease = ev.LeaseInfo(lease_id=f"lease-{token}-{self.secret[group, target]}", ttl=h.lease_ttl or 0.0, expires_at=expires)
             waited = self.now - self.since[group, target]
             expected.append(
                 ev.Granted(group=group, job=target, call_id=call, token=token, lease=lease, waited=waited, context_restored=restored, must_deliver=True, switch_bytes=moved)

@@ -80,6 +80,12 @@ class Acquire:
     wait_deadline: float | None = None  # absolute; None: wait without limit
     priority: int = 0  # higher is served first, under the priority policy
     more_groups: tuple[str, ...] = ()  # granted together with `group`, all or none
+    # Who asked ("" unnamed: no auth policy, or trusted in-process code): the grant
+    # and the place in the queue are bound to it (see `Holder.principal`).
+    principal: str = ""
+    # Drawn by the shell for this call, so that the lease id of the grant cannot be
+    # guessed from what the group's status shows; journaled, so a replay rebuilds it.
+    lease_secret: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +99,7 @@ class Yield:
     job: str
     request_id: str = ""
     token: int | None = None  # when set, must be the current grant's
+    principal: str = ""  # who asks: must be the grant's own (see `Acquire.principal`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +112,7 @@ class KeepAlive:
     group: str
     job: str
     lease_id: str
+    principal: str = ""  # who asks: must be the grant's own (see `Acquire.principal`)
 
 
 @dataclass(frozen=True, kw_only=True)

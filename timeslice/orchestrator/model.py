@@ -52,9 +52,27 @@ class Holder:
     queued_at: float = 0.0  # when its Acquire began waiting
     bundle: tuple[str, ...] = ()  # the groups granted together with this one
     restored: bool = False  # its switch brought its context back (told when it is claimed)
+    # The principal that acquired it ("" unnamed): only it may yield, renew or take
+    # the grant again (see `owned_by`).
+    principal: str = ""
+    # The secret part of its lease id, known only to the call that took the grant.
+    lease_secret: str = ""
 
     @property
     def lease(self) -> ev.LeaseInfo:
+        """The lease as its holder is told it: the id carries the secret (grants of
+        journals written before secrets existed have none)."""
+        lease_id = f"lease-{self.token}-{self.lease_secret}" if self.lease_secret else ""
+        return ev.LeaseInfo(
+            lease_id=lease_id or f"lease-{self.token}",
+            ttl=self.lease_ttl or 0.0,
+            expires_at=self.expires_at,
+        )
+
+    @property
+    def shown_lease(self) -> ev.LeaseInfo:
+        """The lease as anyone else may see it (a group's status, a watch): its id
+        without the secret, which is useless for a KeepAlive."""
         return ev.LeaseInfo(
             lease_id=f"lease-{self.token}", ttl=self.lease_ttl or 0.0, expires_at=self.expires_at
         )
@@ -75,6 +93,15 @@ class Waiter:
     # All the groups it asks for at once (sorted), when more than this one.
     bundle: tuple[str, ...] = ()
     ticket: int = 0  # grows with every new acquire in the table: bundles' age order
+    principal: str = ""  # who asked: the grant it gets is bound to it
+    lease_secret: str = ""  # the secret of the lease its grant will have
+
+
+def owned_by(bound: str, caller: str) -> bool:
+    """Whether a grant or a place in a queue bound to principal `bound` is the
+    caller's: unnamed on either side ("": no auth policy, trusted in-process code,
+    or a grant journaled before principals were recorded) binds nobody."""
+    return not bound or not caller or bound == caller
 
 
 @dataclass(kw_only=True)

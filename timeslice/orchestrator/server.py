@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
@@ -359,9 +360,11 @@ class Orchestrator:
         lease_ttl: float | None = None,
         wait_timeout: float | None = None,
         priority: int = 0,
+        principal: str = "",
     ) -> list[ev.Granted]:
         """Wait until `job` holds every one of `groups`, granted all at once; return
-        the grants in the order of `groups`."""
+        the grants in the order of `groups`. `principal`: who asks (the grants are
+        bound to it; "" for a caller without a name)."""
         if wait_timeout is not None and wait_timeout < 0:
             raise InvalidArgumentError("wait timeout must not be negative")
         if not groups:
@@ -379,6 +382,9 @@ class Orchestrator:
             wait_deadline=now + wait_timeout if wait_timeout is not None else None,
             priority=priority,
             more_groups=tuple(more),
+            principal=principal,
+            # The lease ids of these grants: unguessable from the tokens anyone sees.
+            lease_secret=secrets.token_urlsafe(16),
         )
         try:
             await asyncio.shield(self.apply(event))
@@ -405,15 +411,34 @@ class Orchestrator:
             self.apply(event)
 
     async def yield_(
-        self, group: str, job: str, *, request_id: str = "", token: int | None = None
+        self,
+        group: str,
+        job: str,
+        *,
+        request_id: str = "",
+        token: int | None = None,
+        principal: str = "",
     ) -> ev.Yielded:
-        """Release `group`, held by `job`."""
-        event = ev.Yield(now=time.time(), group=group, job=job, request_id=request_id, token=token)
+        """Release `group`, held by `job` (for `principal`, when named: the one that
+        acquired it)."""
+        event = ev.Yield(
+            now=time.time(),
+            group=group,
+            job=job,
+            request_id=request_id,
+            token=token,
+            principal=principal,
+        )
         return _first(await self.apply(event), ev.Yielded)
 
-    async def keep_alive(self, group: str, job: str, lease_id: str) -> ev.LeaseRenewed:
-        """Renew the holder's lease."""
-        event = ev.KeepAlive(now=time.time(), group=group, job=job, lease_id=lease_id)
+    async def keep_alive(
+        self, group: str, job: str, lease_id: str, *, principal: str = ""
+    ) -> ev.LeaseRenewed:
+        """Renew the holder's lease (for `principal`, when named: the one that
+        acquired it)."""
+        event = ev.KeepAlive(
+            now=time.time(), group=group, job=job, lease_id=lease_id, principal=principal
+        )
         return _first(await self.apply(event), ev.LeaseRenewed)
 
     async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]:

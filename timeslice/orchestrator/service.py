@@ -1,12 +1,29 @@
-"""The orchestrator's gRPC servicer: decode, call the Orchestrator, encode.
+"""The orchestrator's gRPC servicer: decode, authorize, call the Orchestrator, encode.
 
 It never looks at lock state to decide anything; the Orchestrator and its table
-do. The edge (size limits, strict parsing, error statuses) is `edge_mapping`'s.
+do. The edge (size limits, strict parsing, error statuses, who the caller is) is
+`edge_mapping`'s.
+
+Every call is authorized before it acts (`authorize`, under the server's auth
+policy; without one every caller may do everything): Acquire, Yield and
+KeepAlive as the job on each group named; RegisterJob as the job on the group;
+GetGroupStatus and a Watch of one group on that group; ListGroups and a Watch of
+every group show only the groups the caller may touch (a watch of every group by
+a principal of a few groups is filtered, not refused); ForceRelease, ResetJob
+and SetGroupNodes are an operator's, and logged with the principal; each report
+of an AgentSession must come from an agent of the node it names, else the
+session ends PERMISSION_DENIED and the report changes nothing. The principal
+that acquires a grant is recorded with it, so that another principal acting as
+the same job id is refused by the table. What anyone sees of a holder's lease
+(status, watches) lacks its secret: only the Acquire that took the grant is told
+the lease id a KeepAlive needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -16,7 +33,7 @@ from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import CallGate, Encoded, edge_mapping
-from timeslice.errors import InvalidArgumentError, ResourceExhaustedError
+from timeslice.errors import InvalidArgumentError, PermissionDeniedError, ResourceExhaustedError
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
@@ -27,6 +44,10 @@ from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group, GroupState
 from timeslice.orchestrator.state import LockTable
 from timeslice.orchestrator.watches import Notice, Render, Watch
+from timeslice.security.callers import Caller, authorize
+from timeslice.security.principals import Role, Verb
+
+log = logging.getLogger(__name__)
 
 
 class OrchestratorApi(Protocol):
@@ -49,13 +70,22 @@ class OrchestratorApi(Protocol):
         lease_ttl: float | None = None,
         wait_timeout: float | None = None,
         priority: int = 0,
+        principal: str = "",
     ) -> list[ev.Granted]: ...
 
     async def yield_(
-        self, group: str, job: str, *, request_id: str = "", token: int | None = None
+        self,
+        group: str,
+        job: str,
+        *,
+        request_id: str = "",
+        token: int | None = None,
+        principal: str = "",
     ) -> ev.Yielded: ...
 
-    async def keep_alive(self, group: str, job: str, lease_id: str) -> ev.LeaseRenewed: ...
+    async def keep_alive(
+        self, group: str, job: str, lease_id: str, *, principal: str = ""
+    ) -> ev.LeaseRenewed: ...
 
     async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]: ...
 
@@ -96,14 +126,18 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         self.orch = orchestrator
 
     async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
-        grants = await self.orch.acquire_groups(
-            [message.group_id, *message.more_group_ids],
-            message.job_id,
-            request_id=message.request_id,
-            lease_ttl=_seconds("lease_ttl_ms", message.lease_ttl_ms, positive=True),
-            wait_timeout=_seconds("wait_timeout_ms", message.wait_timeout_ms, positive=False),
-            priority=message.priority,
-        )
+        groups = [message.group_id, *message.more_group_ids]
+        callers = [authorize(Verb.ACQUIRE, job=message.job_id, group=g) for g in groups]
+        with _refusal_logged(Verb.ACQUIRE, callers[0]):
+            grants = await self.orch.acquire_groups(
+                groups,
+                message.job_id,
+                request_id=message.request_id,
+                lease_ttl=_seconds("lease_ttl_ms", message.lease_ttl_ms, positive=True),
+                wait_timeout=_seconds("wait_timeout_ms", message.wait_timeout_ms, positive=False),
+                priority=message.priority,
+                principal=_name(callers[0]),
+            )
         grant = grants[0]
         return pb.AcquireResponse(
             success=True,
@@ -125,12 +159,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         )
 
     async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:
-        answer = await self.orch.yield_(
-            message.group_id,
-            message.job_id,
-            request_id=message.request_id,
-            token=message.fencing_token,
-        )
+        caller = authorize(Verb.YIELD, job=message.job_id, group=message.group_id)
+        with _refusal_logged(Verb.YIELD, caller):
+            answer = await self.orch.yield_(
+                message.group_id,
+                message.job_id,
+                request_id=message.request_id,
+                token=message.fencing_token,
+                principal=_name(caller),
+            )
         return pb.YieldResponse(
             success=True,
             pending_waiters=answer.pending_waiters,
@@ -139,12 +176,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         )
 
     async def list_groups(self, message: pb.ListGroupsRequest) -> pb.ListGroupsResponse:
-        return pb.ListGroupsResponse(group_ids=self.orch.group_names())
+        sees = _groups_seen(authorize(Verb.STATUS))
+        names = self.orch.group_names()
+        return pb.ListGroupsResponse(group_ids=[n for n in names if sees is None or sees(n)])
 
     async def get_group_status(
         self, message: pb.GetGroupStatusRequest
     ) -> pb.GetGroupStatusResponse:
         check_id("group_id", message.group_id)
+        authorize(Verb.STATUS, group=message.group_id)
         status = self._status(self.orch.group(message.group_id))
         nodes = self.orch.group_agents(message.group_id)
         if not nodes or message.lock_only:
@@ -162,7 +202,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         return pb.GetGroupStatusResponse(group=status, agent_job_states=states)
 
     async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
-        renewed = await self.orch.keep_alive(message.group_id, message.job_id, message.lease_id)
+        caller = authorize(Verb.KEEP_ALIVE, job=message.job_id, group=message.group_id)
+        with _refusal_logged(Verb.KEEP_ALIVE, caller):
+            renewed = await self.orch.keep_alive(
+                message.group_id, message.job_id, message.lease_id, principal=_name(caller)
+            )
         return pb.KeepAliveResponse(
             lease=_lease(renewed.lease),
             fencing_token=renewed.token,
@@ -174,20 +218,28 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     async def watch(  # type: ignore[override]
         self, message: pb.WatchRequest
     ) -> AsyncIterator[pb.WatchEvent | Encoded]:
+        sees: _Sees | None = None
         if message.group_id:
             check_id("group_id", message.group_id)
+            authorize(Verb.WATCH, group=message.group_id)
+        else:
+            sees = _groups_seen(authorize(Verb.WATCH))
         events = self.orch.watch(message.group_id, self._wire_event)
         try:
             known = self.orch.group_names()
             names = [message.group_id] if message.group_id else known
             now = datetime.now(UTC)
             for name in names:
-                if name in known:
+                if name in known and (sees is None or sees(name)):
                     status = self._status(self.orch.group(name))
                     yield pb.WatchEvent(
                         kind=pb.WatchEventKind.CURRENT, group_id=name, time=now, status=status
                     )
             while batch := await events.batch():
+                if sees is not None:
+                    batch = [item for item in batch if sees(item.group)]
+                    if not batch:
+                        continue
                 yield Encoded.join(batch)
             if events.lagged:
                 raise ResourceExhaustedError(
@@ -197,14 +249,26 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             events.close()
 
     async def force_release(self, message: pb.ForceReleaseRequest) -> pb.ForceReleaseResponse:
+        caller = authorize(Verb.FORCE_RELEASE, job=message.job_id, group=message.group_id)
         effects = await self.orch.force_release(message.group_id, message.job_id, message.reason)
         revoked = next(e for e in effects if isinstance(e, ev.Revoked))
         granted = next((e for e in effects if isinstance(e, ev.Granted)), None)
+        log.warning(
+            "operator action by %s: force-released group %s from job %s (reason %r; next %s)",
+            caller.who,
+            message.group_id,
+            revoked.job,
+            message.reason,
+            granted.job if granted else "nobody",
+        )
         return pb.ForceReleaseResponse(
             released_job_id=revoked.job, next_job_id=granted.job if granted else ""
         )
 
     async def register_job(self, message: pb.RegisterJobRequest) -> pb.RegisterJobResponse:
+        # The node is where the job runs, not one the caller acts as: a job
+        # principal names no nodes.
+        authorize(Verb.REGISTER_JOB, job=message.job_id, group=message.group_id)
         backend = message.backend_config
         if backend is not None:
             backend_of(backend, apb.Backend.UNSPECIFIED)  # refuses what no agent would take
@@ -217,17 +281,35 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         return pb.RegisterJobResponse()
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
+        caller = authorize(Verb.RESET_JOB, job=message.job_id, group=message.group_id)
         was = await self.orch.reset_job(message.group_id, message.job_id)
+        log.warning(
+            "operator action by %s: reset job %s on group %s (%s)",
+            caller.who,
+            message.job_id,
+            message.group_id,
+            "was quarantined" if was else "was not quarantined",
+        )
         return pb.ResetJobResponse(was_quarantined=was)
 
     async def set_group_nodes(self, message: pb.SetGroupNodesRequest) -> pb.SetGroupNodesResponse:
-        await self.orch.set_group_nodes(message.group_id, tuple(message.nodes))
+        caller = authorize(Verb.SET_GROUP_NODES, group=message.group_id)
+        nodes = tuple(message.nodes)
+        await self.orch.set_group_nodes(message.group_id, nodes)
+        log.warning(
+            "operator action by %s: group %s spans nodes %s",
+            caller.who,
+            message.group_id,
+            ", ".join(nodes) or "none",
+        )
         return pb.SetGroupNodesResponse()
 
     async def agent_session(self, messages: AsyncIterator[pb.AgentReport]) -> pb.AgentSessionEnd:
         session, node = object(), ""
         try:
             async for report in self.orch.until_closed(messages):
+                # Every report, not the first only: a session may not change nodes.
+                authorize(Verb.AGENT_SESSION, node=report.node_name)
                 liveness = {
                     (j.group, j.job_id): _LIVENESS.get(j.liveness, Liveness.UNKNOWN)
                     for j in report.jobs
@@ -261,7 +343,8 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             loaded_job=g.loaded_job,
             fencing_token=g.token,
             waiting_jobs=list(g.queue),
-            holder_lease=_lease(g.holder.lease) if g.holder else None,
+            # Never the lease's secret: the status is anyone's to read.
+            holder_lease=_lease(g.holder.shown_lease) if g.holder else None,
             epoch=self.orch.table.epoch,
             quarantined_jobs=[
                 pb.QuarantinedJob(job_id=job, reason=why) for job, why in g.quarantined.items()
@@ -273,7 +356,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         """What every Watch stream sends of `notice`: built now (it carries the group's
         status as of now), encoded by the first stream to send it."""
         event = self._watch_event(notice)
-        return Encoded(event) if event is not None else None
+        return _GroupEvent(event, notice.effect.group) if event is not None else None
 
     def _watch_event(self, notice: Notice) -> pb.WatchEvent | None:
         effect = notice.effect
@@ -317,6 +400,45 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return edge_mapping(super().__mapping__(), self, self.orch.gate)
+
+
+class _GroupEvent(Encoded):
+    """A watch event encoded once for every watcher, and the group it is of, so that
+    a watch of every group can leave out those its caller may not see."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, message: pb.WatchEvent, group: str) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+_Sees = Callable[[str], bool]
+
+
+def _groups_seen(caller: Caller) -> _Sees | None:
+    """Which groups `caller` may see of a list or a watch of them all (None: every
+    one, without asking each)."""
+    p = caller.principal
+    if p is None or p.role in (Role.OPERATOR, Role.AGENT) or "*" in p.groups:
+        return None
+    return p.may_touch
+
+
+@contextmanager
+def _refusal_logged(verb: Verb, caller: Caller) -> Iterator[None]:
+    """Log what the table refuses for want of ownership (a grant acquired by another
+    principal, a yield of a grant not held), as `authorize` logs its refusals."""
+    try:
+        yield
+    except PermissionDeniedError as exc:
+        log.warning("refused %s by %s from %s: %s", verb, caller.who, caller.peer, exc)
+        raise
+
+
+def _name(caller: Caller) -> str:
+    """The caller's principal name, as the table binds grants to it ("" unnamed)."""
+    return caller.principal.name if caller.principal is not None else ""
 
 
 def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:

@@ -40,7 +40,11 @@ Transitions (per group; `h` the holder, `j` another job):
     any              Recover               unchanged          (new epoch, fresh leases)
 
 Anything else raises a `TimeSliceError` and leaves the table unchanged: every
-check runs before the first write. Invariants (`validate`): at most one holder
+check runs before the first write. A grant and a place in a queue are bound to
+the principal whose Acquire made them (`Acquire.principal`): a Yield, KeepAlive
+or Acquire of the same job by another principal is refused (PERMISSION_DENIED),
+and a lease id carries the secret its Acquire drew (`Acquire.lease_secret`), so
+that knowing the token is not knowing the lease. Invariants (`validate`): at most one holder
 per group, the holder is never queued, a job is queued at most once, the
 holder's fencing token is the group's newest, a free group has nobody queued.
 
@@ -63,6 +67,7 @@ from timeslice.errors import (
     LeaseLostError,
     NotFoundError,
     NotHolderError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     YieldNotHeldError,
 )
@@ -90,6 +95,7 @@ from timeslice.orchestrator.model import (
     Waiter,
     group_from_dict,
     group_to_dict,
+    owned_by,
 )
 from timeslice.orchestrator.policies import chosen
 from timeslice.orchestrator.settings import SettingEvent, Settings
@@ -182,6 +188,10 @@ class LockTable:
         held = [g for g in groups if g.holder is not None and g.holder.job == e.job]
         queued = [g for g in groups if e.job in g.queue]
         if held or queued:
+            bound = [g.holder.principal for g in held if g.holder]
+            bound += [g.queue[e.job].principal for g in queued]
+            if not all(owned_by(p, e.principal) for p in bound):
+                raise _not_theirs(e.job, names)
             same = all(g.holder.bundle == bundle for g in held if g.holder) and all(
                 g.queue[e.job].bundle == bundle for g in queued
             )
@@ -214,6 +224,8 @@ class LockTable:
                 priority=e.priority,
                 bundle=bundle,
                 ticket=self.tickets,
+                principal=e.principal,
+                lease_secret=e.lease_secret,
             )
         effects = self._serve(groups[0], e.now)
         if e.job in groups[0].queue:  # not granted: it waits
@@ -261,6 +273,7 @@ class LockTable:
             effects.append(ev.Superseded(group=g.name, job=h.job, call_id=h.call_id))
         unclaimed = h.claim_deadline is not None
         h.call_id, h.claim_deadline, h.lease_ttl = e.call_id, None, e.lease_ttl
+        h.principal = h.principal or e.principal
         outcome = AcquireOutcome(group=g.name, job=h.job, token=h.token)
         self.answers.remember(CallKind.ACQUIRE, g.name, h.job, e.request_id, e.now, outcome)
         if h.switching:
@@ -287,6 +300,8 @@ class LockTable:
             effects.append(ev.Superseded(group=g.name, job=w.job, call_id=w.call_id))
         w.call_id, w.request_id, w.reclaim_deadline = e.call_id, e.request_id, None
         w.lease_ttl, w.wait_deadline, w.priority = e.lease_ttl, e.wait_deadline, e.priority
+        w.principal = w.principal or e.principal
+        w.lease_secret = e.lease_secret or w.lease_secret
         self._timers.arm(g.name, w.job)
         queued = ev.Queued(group=g.name, job=w.job, call_id=e.call_id, position=g.position(w.job))
         return [*effects, queued]
@@ -298,6 +313,8 @@ class LockTable:
         if isinstance(earlier, ev.Yielded):
             return [earlier]
         h = g.holder
+        if h is not None and h.job == e.job and not owned_by(h.principal, e.principal):
+            raise _not_theirs(e.job, (e.group,))
         if e.token is not None and (h is None or h.token != e.token or h.job != e.job):
             raise LeaseLostError(
                 f"stale fencing token {e.token}: that grant of {e.group} has ended"
@@ -326,8 +343,11 @@ class LockTable:
     def _keep_alive(self, e: ev.KeepAlive) -> list[Effect]:
         g = self._existing(e.group)
         h = g.holder
+        if h is not None and h.job == e.job and not owned_by(h.principal, e.principal):
+            raise _not_theirs(e.job, (e.group,))
         if h is None or h.job != e.job or h.lease.lease_id != e.lease_id or h.switching:
-            raise LeaseLostError(f"lease {e.lease_id} of job {e.job} on {e.group} is not current")
+            # (The lease id sent is not repeated: it may be the holder's own secret.)
+            raise LeaseLostError(f"the lease named for job {e.job} on {e.group} is not current")
         h.claim_deadline = None
         if h.lease_ttl:
             h.expires_at = e.now + h.lease_ttl
@@ -534,6 +554,8 @@ class LockTable:
             switching=switching,
             queued_at=w.since,
             bundle=w.bundle,
+            principal=w.principal,
+            lease_secret=w.lease_secret,
         )
         outcome = AcquireOutcome(group=g.name, job=w.job, token=g.token)
         self.answers.remember(CallKind.ACQUIRE, g.name, w.job, w.request_id, now, outcome)
@@ -687,3 +709,11 @@ class LockTable:
         # list of request ids alone: those are not carried over.)
         table.answers = Answers.from_list(data.get("answers", []))
         return table
+
+
+def _not_theirs(job: str, groups: tuple[str, ...]) -> PermissionDeniedError:
+    """A grant or a place in a queue used by a principal other than the one that
+    acquired it (the same job id is not enough)."""
+    return PermissionDeniedError(
+        f"job {job}'s grant or place on {', '.join(groups)} was acquired by another principal"
+    )

@@ -20,7 +20,8 @@ The roles:
 
 - `job`: acquire, yield, keep alive, register a job, watch and read status, only
   for its job ids and its groups;
-- `agent`: keep an agent session, only as one of its nodes;
+- `agent`: keep an agent session, only as one of its nodes, and read a group's
+  status (to check a fencing token it is sent);
 - `operator`: everything, including force-release, job reset, group nodes and
   the agent's commands from the orchestrator;
 - `viewer`: list groups, read their status and watch them, for its groups.
@@ -92,7 +93,8 @@ ROLE_VERBS: Final[Mapping[Role, frozenset[Verb]]] = {
             Verb.AGENT_STATUS,
         }
     ),
-    Role.AGENT: frozenset({Verb.AGENT_SESSION}),
+    # An agent reads a group's status to check a fencing token new to it.
+    Role.AGENT: frozenset({Verb.AGENT_SESSION, Verb.STATUS}),
     Role.OPERATOR: frozenset(Verb),
     Role.VIEWER: frozenset({Verb.STATUS, Verb.WATCH, Verb.AGENT_STATUS}),
 }

@@ -795,5 +795,46 @@ def replay(
     typer.echo(f"wrote {' and '.join(written)}: {len(timelines)} run(s), {switches} switch(es)")
 
 
+auth_app = typer.Typer(
+    help="Credentials for a server's auth file (--auth FILE).", no_args_is_help=True
+)
+app.add_typer(auth_app, name="auth")
+
+
+@auth_app.command("add-token")
+def auth_add_token(
+    name: Annotated[str, typer.Argument(help="The principal's name, as logs will show it.")],
+    role: Annotated[str, typer.Option(help="job, agent, operator or viewer.")],
+    job: Annotated[
+        list[str] | None,
+        typer.Option(help="A job id (pattern: trainer-a-*) it may act as; repeatable. job role."),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(help="A group (pattern) it may touch or see; repeatable. job, viewer roles."),
+    ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(help="A node name (pattern) it may register as; repeatable. agent role."),
+    ] = None,
+) -> None:
+    """Make a new bearer token for NAME: its [[principal]] entry goes to stdout (append
+    it to the auth file, which keeps only the token's SHA-256), the token to stderr,
+    shown this once (the principal's TIMESLICE_TOKEN, or a client's --token)."""
+    from timeslice.errors import InvalidArgumentError
+    from timeslice.security.tokens import new_token, principal_entry
+
+    with user_errors():
+        token = new_token()
+        try:
+            entry, _ = principal_entry(
+                name, role, token, jobs=job or (), groups=group or (), nodes=node or ()
+            )
+        except InvalidArgumentError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        typer.echo(entry, nl=False)
+        typer.echo(f"token for {name} (shown only now): {token}", err=True)
+
+
 def main() -> None:
     app(prog_name="timeslice")

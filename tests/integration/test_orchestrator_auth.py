@@ -19,10 +19,16 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from orchestrator_wire import grpc_status, orchestrator_stub
 
+from tests.certs import Certs
+from timeslice import AsyncTimeSliceOrchestratorClient
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from timeslice.client._transport import close_channel, open_channel
+from timeslice.errors import NotHolderError, PermissionDeniedError
+from timeslice.ids import parse_target
 from timeslice.orchestrator.server import Orchestrator
 from timeslice.security.principals import AuthPolicy, Principal, Role, token_sha256
+from timeslice.security.tls import ClientTls, ServerTls
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -430,3 +436,53 @@ async def test_lists_and_watches_show_only_the_callers_groups(
         (Kind.YIELDED, "g", "alice"),
         (Kind.GRANTED, "g", "bob"),
     ]
+
+
+# --- through the real clients, and over mTLS ------------------------------------------
+
+
+async def test_through_the_clients_a_grant_is_its_principals_alone(orch: Orchestrator) -> None:
+    def client(who: str) -> AsyncTimeSliceOrchestratorClient:
+        return AsyncTimeSliceOrchestratorClient(
+            orch.address, "alice", "g", token=f"{who}-token", credentials_from_env=False
+        )
+
+    async with client("alice") as alice, client("twin") as twin:
+        grant = await alice.acquire(timeout_sec=5)
+        assert grant.lease_id.startswith(f"lease-{grant.fencing_token}-")
+        assert (await alice.keep_alive()).lease_id == grant.lease_id  # the client's own lease
+        with pytest.raises(NotHolderError, match="another principal"):
+            await twin.release()
+        with pytest.raises(PermissionDeniedError, match="another principal"):
+            await twin.acquire(timeout_sec=5)
+        status = await twin.get_status()
+        assert status.group.locking_job == "alice" and grant.lease_id not in repr(status)
+        assert (await alice.release()).success
+
+
+async def test_over_mtls_an_agent_certificate_registers_only_as_its_node(
+    certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = AuthPolicy(
+        (Principal(name="gpu1", role=Role.AGENT, cert_subject="CN=agent-gpu-1", nodes=("gpu-1",)),)
+    )
+    tls = ServerTls(cert=certs.server.cert, key=certs.server.key, client_ca=certs.ca)
+    pair = certs.client("agent-gpu-1")
+    mine = ClientTls(ca=certs.ca, cert=pair.cert, key=pair.key)
+    async with Orchestrator(auth=policy, tls=tls) as orch:
+        channel = open_channel(parse_target(orch.address), mine, None)
+        try:
+            stub = Stub(channel, timeout=10)
+            await refused(
+                orch,
+                caplog,
+                lambda: stub.agent_session([report("gpu-2", groups=("g",))]),
+                Status.PERMISSION_DENIED,
+                "principal gpu1",
+                "may not act as node gpu-2",
+            )
+            assert orch.table.agents == {}
+            await stub.agent_session([report("gpu-1", groups=("g",))])
+            assert orch.table.agents == {"gpu-1": "127.0.0.1:1"}
+        finally:
+            close_channel(channel)

@@ -169,8 +169,10 @@ class OrchestratorLink:
                         self.reports_sent += 1
                         last = seen
                     changed = asyncio.ensure_future(self.agent.changed.wait())
-                    await asyncio.wait({ended, changed}, return_when=asyncio.FIRST_COMPLETED)
-                    changed.cancel()
+                    try:
+                        await asyncio.wait({ended, changed}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        changed.cancel()  # also when this task is cancelled
                     if ended.done():
                         ended.result()  # raises why the orchestrator ended it
                         return

@@ -32,10 +32,13 @@ import pytest
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
+from tests.fakes.fake_cuda import FakeCuda, FakeNvml
 from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.backends import BackendContext
+from timeslice.backends.cuda import CudaBackend
 from timeslice.client.workload import register_workload
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,17 +130,21 @@ def other_users_calls(path: str, root_pid: int) -> dict[str, Any]:
             target = pb.ProcessTarget(pids=list(pids))
             return pb.BackendConfig(cuda=pb.CudaBackendConfig(explicit_target=target))
 
-        async def register() -> None:
+        async def register(job: str) -> None:
             async with channel.request(
                 f"{SERVICE}/WorkloadChannel", Cardinality.STREAM_STREAM,
                 pb.WorkloadMessage, pb.AgentCommand, timeout=10,
             ) as stream:  # fmt: skip
-                message = pb.RegisterWorkload(job_id="a", group="g")
+                message = pb.RegisterWorkload(job_id=job, group="g")
                 await stream.send_message(pb.WorkloadMessage(register=message))
                 await stream.recv_message()
 
         try:
-            await attempt("register", register())
+            await attempt("register", register("a"))
+            await attempt("register_cuda_job", register("r"))
+            await attempt(
+                "snapshot_cuda_job", stub.restore(pb.RestoreRequest(job_id="r", group="g"))
+            )
             await attempt("root_pid", stub.snapshot(pb.SnapshotRequest(job_id="c", group="g", backend_config=cuda(root_pid))))  # fmt: skip
             await attempt("own_pid", stub.snapshot(pb.SnapshotRequest(job_id="d", group="g", backend_config=cuda(os.getpid()))))  # fmt: skip
             await attempt("snapshot_a", stub.snapshot(pb.SnapshotRequest(job_id="a", group="g")))
@@ -173,6 +180,15 @@ async def test_a_workload_of_another_uid_cannot_take_a_channel_or_name_pids_it_d
     )  # fmt: skip
     sleeper = subprocess.Popen(["sleep", "30"])  # a process of this (root) user
     try:
+        # Job r: the sleeper's (root's) process, checkpointed by a stand-in driver.
+        cuda = FakeCuda()
+        cuda.add_process(sleeper.pid, device_bytes=1 << 20)
+        context = BackendContext(agent.config.node_name, agent.channels)
+        agent.backends["cuda"] = CudaBackend(context, cuda.module(), FakeNvml(cuda).module())
+        op_id = await agent.start_operation("snapshot", "g", "r", backend="cuda",
+                                            config={"pids": [sleeper.pid]})  # fmt: skip
+        assert (await agent.operation(op_id, 10)).status.name == "COMPLETE"
+
         await until(lambda: agent.channels.get("g", "a") is not None, "the workload registered")
         first = agent.channels.get("g", "a")
         assert first is not None and first.owner == f"uid {os.getuid()}"
@@ -184,16 +200,21 @@ async def test_a_workload_of_another_uid_cannot_take_a_channel_or_name_pids_it_d
         assert results["register"][0] == "PERMISSION_DENIED", results
         assert results["root_pid"][0] == "PERMISSION_DENIED", results
         assert f"pid {sleeper.pid}" in results["root_pid"][1]
-        # Its own process passes that check (this agent then has no cuda backend).
-        assert results["own_pid"][0] == "FAILED_PRECONDITION", results
-        assert "cuda" in results["own_pid"][1]
+        # Its own process passes that check (the stand-in driver does not know it).
+        assert results["own_pid"][0] == "NOT_FOUND", results
+        assert "not a CUDA process" in results["own_pid"][1]
+        # Root's cuda job is not the other user's to register a channel for or restore.
+        assert results["register_cuda_job"][0] == "PERMISSION_DENIED", results
+        assert results["snapshot_cuda_job"][0] == "PERMISSION_DENIED", results
+        assert f"pid {sleeper.pid}" in results["snapshot_cuda_job"][1]
         assert results["snapshot_a"][0] == "PERMISSION_DENIED", results
         assert results["switch"][0] == "PERMISSION_DENIED", results
-        assert results["status_jobs"] == ["a"]
+        assert results["status_jobs"] == ["a", "r"]
         # Nothing changed: the first channel is still the job's, and serves it.
         assert agent.channels.get("g", "a") is first and not first.closed
         assert registration.registrations == 1
-        assert {job for _, job in agent.table.jobs} == {"a"}
+        assert {job for _, job in agent.table.jobs} == {"a", "r"}
+        assert agent.table.jobs[("g", "r")].state.value == "SAVED"
         op_id = await agent.start_operation("snapshot", "g", "a")
         assert (await agent.operation(op_id, 10)).status.name == "COMPLETE"
         assert commands == ["snapshot"]

@@ -204,6 +204,8 @@ class AgentService(pb.SnapshotAgentServiceBase):
         if kind != "register" or not isinstance(register, pb.RegisterWorkload):
             raise InvalidArgumentError("the first WorkloadChannel message must be `register`")
         caller = authorize_call(Verb.WORKLOAD_CHANNEL, job=register.job_id, group=register.group)
+        # A job of another user's processes is not taken over by a channel either.
+        self._check_owned(caller, register.group, register.job_id, None, None)
         channel = WorkloadChannel(register.group, register.job_id, capabilities_of(register))
         channel.owner, channel.owner_trusted = owner_of(caller), may_replace_any(caller)
         channel.peer = caller.who

@@ -9,6 +9,8 @@ orchestrator (its own process, SQLite journal on disk with its defaults):
   handoff   job A's Yield sent -> job B's blocked Acquire returned (A and B in
             separate processes, on connections of their own);
   cycles    100 jobs in 10 groups looping acquire -> yield: cycles per second.
+  call      one connection's back-to-back GetGroupStatus (lock_only) round trips:
+            what TLS and the token check add to a call, with no journal write.
 
   plain     no TLS, no auth policy: the default loopback server.
   secure    TLS (a P-256 server certificate from a CA made for the run) and an
@@ -41,18 +43,22 @@ if not __package__:  # run as a script: the benchmarks are imported as a package
 from benchmarks.common import (  # noqa: E402
     BENCH_TLS_CA,
     BENCH_TOKEN,
+    CALL_TIMEOUT,
     Row,
     ServerProcess,
     add_common_arguments,
+    channel,
     describe,
     format_table,
     machine,
     ms,
+    now,
     percentile,
     run_main,
 )
 from benchmarks.handoff import measure_cycles, measure_handoffs  # noqa: E402
 from tests.certs import make_certs  # noqa: E402
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb  # noqa: E402
 from timeslice.security.principals import AuthPolicy, Principal, Role, token_sha256  # noqa: E402
 from timeslice.security.tls import ServerTls  # noqa: E402
 
@@ -79,14 +85,29 @@ def secured(folder: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return options, {BENCH_TLS_CA: certs.ca, BENCH_TOKEN: token}
 
 
+async def measure_calls(address: str, samples: int, warmup: int) -> list[float]:
+    """Back-to-back GetGroupStatus round trips on one connection, in seconds."""
+    request = pb.GetGroupStatusRequest(group_id="handoff", lock_only=True)
+    times: list[float] = []
+    async with channel(address) as ch:
+        stub = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+        for i in range(warmup + samples):
+            t0 = now()
+            await stub.get_group_status(request)
+            if i >= warmup:
+                times.append(now() - t0)
+    return times
+
+
 async def run_variant(
     name: str,
     db: str | None,
     options: dict[str, Any],
     env: dict[str, str],
     args: argparse.Namespace,
-) -> tuple[list[float], float]:
-    """One fresh orchestrator of the variant: its handoffs and its cycle rate."""
+) -> tuple[list[float], float, list[float]]:
+    """One fresh orchestrator of the variant: its handoffs, its cycle rate and its
+    call round trips."""
     for key in (BENCH_TLS_CA, BENCH_TOKEN):
         os.environ.pop(key, None)
     os.environ.update(env)  # the measuring channels, and job B's process, read them
@@ -98,20 +119,23 @@ async def run_variant(
             cycles = await measure_cycles(
                 orch, args.jobs, args.groups, args.cycle_warmup, args.window
             )
+            calls = await measure_calls(orch.address, args.calls, args.warmup)
     finally:
         for key in env:
             os.environ.pop(key, None)
     print(
         f"  {name:7} handoff p50 {statistics.median(handoffs.latency) * ms:7.3f} ms,"
-        f" {cycles.per_second:7.0f} cycles/s",
+        f" {cycles.per_second:7.0f} cycles/s,"
+        f" call p50 {statistics.median(calls) * ms:6.3f} ms",
         file=sys.stderr,
     )
-    return handoffs.latency, cycles.per_second
+    return handoffs.latency, cycles.per_second, calls
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     latency: dict[str, list[float]] = {name: [] for name in VARIANTS}
     rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    calls: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="timeslice-bench-secure-") as tmp:
         options, env = secured(Path(tmp) / "certs")
         setups = {"plain": ({}, {}), "secure": (options, env)}
@@ -121,9 +145,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in order:
                 opts, variables = setups[name]
                 db = None if args.memory else f"{tmp}/{name}-{round_}.db"
-                samples, rate = await run_variant(name, db, opts, variables, args)
+                samples, rate, round_trips = await run_variant(name, db, opts, variables, args)
                 latency[name] += samples
                 rates[name].append(rate)
+                calls[name] += round_trips
     result: dict[str, Any] = {}
     for name in VARIANTS:
         result[name] = {
@@ -131,10 +156,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "handoff_p99_ms": percentile(latency[name], 0.99) * ms,
             "cycles_per_s": statistics.median(rates[name]),
             "cycles_per_s_rounds": rates[name],
+            "call_p50_ms": statistics.median(calls[name]) * ms,
+            "call_p99_ms": percentile(calls[name], 0.99) * ms,
         }
     plain, secure = result["plain"], result["secure"]
     result["handoff_p50_secure_over_plain"] = secure["handoff_p50_ms"] / plain["handoff_p50_ms"]
     result["cycles_plain_over_secure"] = plain["cycles_per_s"] / secure["cycles_per_s"]
+    result["call_p50_secure_over_plain"] = secure["call_p50_ms"] / plain["call_p50_ms"]
     result["target"] = TARGET
     result["parameters"] = {
         "rounds": args.rounds,
@@ -145,6 +173,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "groups": args.groups,
         "cycle_warmup_s": args.cycle_warmup,
         "window_s": args.window,
+        "calls_per_round": args.calls,
         "secure": "TLS (P-256 certificate, TLS 1.3) + auth file, a bearer token on every call",
         "journal": "in memory"
         if args.memory
@@ -167,6 +196,7 @@ def print_table(r: dict[str, Any]) -> None:
     for key, label in [
         ("handoff_p50_secure_over_plain", "handoff p50, secure / plain"),
         ("cycles_plain_over_secure", "cycles per second, plain / secure"),
+        ("call_p50_secure_over_plain", "call round trip p50, secure / plain"),
     ]:
         verdict = "met" if r[key] <= r["target"] else "not met"
         print(f"{label:40} {r[key]:6.2f}x  (target <= {r['target']:g}x: {verdict})")
@@ -183,6 +213,8 @@ def summary(r: dict[str, Any]) -> list[Row]:
             note),
         Row("acquire/yield cycles per second, TLS + token", secure["cycles_per_s"],
             plain["cycles_per_s"], "/s", note),
+        Row("GetGroupStatus round trip p50, TLS + token", secure["call_p50_ms"],
+            plain["call_p50_ms"], "ms", note),
     ]  # fmt: skip
 
 
@@ -195,6 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--settle-ms", type=float, default=5.0, help="pause after B is queued, before A yields"
     )
+    parser.add_argument("--calls", type=int, default=1000, help="call round trips per run")
     parser.add_argument("--jobs", type=int, default=100, help="jobs in the throughput run")
     parser.add_argument("--groups", type=int, default=10, help="groups in the throughput run")
     parser.add_argument("--cycle-warmup", type=float, default=1.0, help="seconds before counting")
@@ -207,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.handoffs, args.warmup = 1, min(args.handoffs, 60), min(args.warmup, 10)
+        args.calls = min(args.calls, 200)
         args.cycle_warmup, args.window = min(args.cycle_warmup, 0.5), min(args.window, 1.5)
     return args
 

@@ -261,11 +261,18 @@ async def play_round(
     async with Orchestrator(db=f"sqlite:///{journal}", group_nodes={GROUP: (NODE,)}) as orch:
         agent = Agent(node_name=NODE, backends=("app_channel",), orchestrator=orch.address)
         async with agent:
+            # The demo's own servers are plain and local: credentials a shell may hold
+            # for another orchestrator (TIMESLICE_TLS_CA, TIMESLICE_TOKEN) are not theirs.
             registrations = [
-                await register_workload(agent.address, job.name, GROUP, job.context) for job in jobs
+                await register_workload(
+                    agent.address, job.name, GROUP, job.context, credentials_from_env=False
+                )
+                for job in jobs
             ]
             clients = [
-                AsyncTimeSliceOrchestratorClient(orch.address, job_id=job.name, group_id=GROUP)
+                AsyncTimeSliceOrchestratorClient(
+                    orch.address, job_id=job.name, group_id=GROUP, credentials_from_env=False
+                )
                 for job in jobs
             ]
             switches = Switches()

@@ -165,6 +165,10 @@ async def test_the_token_of_timeslice_token_names_the_caller_at_the_edge(
         async with AsyncTimeSliceOrchestratorClient(orch.address) as client:
             with pytest.raises(UnauthenticatedError):
                 await client.list_groups()
+        monkeypatch.delenv("TIMESLICE_TOKEN")
+        async with AsyncTimeSliceOrchestratorClient(orch.address) as client:
+            with pytest.raises(UnauthenticatedError):
+                await client.list_groups()
         assert len(seen) == 1
 
         # The blocking client, on a thread of its own, finds them there too.

@@ -87,7 +87,7 @@ def test_the_environment_gives_tls_and_a_token_or_nothing(certs: Certs) -> None:
     assert ClientTls.from_env({"TIMESLICE_TLS_CA": certs.ca}) == ClientTls(ca=certs.ca)
     pair = certs.client("trainer-a")
     env = {"TIMESLICE_TLS_CA": certs.ca, "TIMESLICE_TLS_CERT": pair.cert}
-    with pytest.raises(InvalidArgumentError, match="TIMESLICE_TLS_cert and TIMESLICE_TLS_key"):
+    with pytest.raises(InvalidArgumentError, match="TIMESLICE_TLS_CERT and TIMESLICE_TLS_KEY"):
         ClientTls.from_env(env)
     env["TIMESLICE_TLS_KEY"] = pair.key
     assert ClientTls.from_env(env) == ClientTls(ca=certs.ca, cert=pair.cert, key=pair.key)

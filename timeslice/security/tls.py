@@ -53,7 +53,7 @@ class ServerTls:
     def __post_init__(self) -> None:
         if not self.cert or not self.key:
             raise InvalidArgumentError(
-                f"{self.names}cert and {self.names}key go together: both are needed to serve TLS"
+                f"{_option(self.names, 'cert')} and {_option(self.names, 'key')} go together: both are needed to serve TLS"
             )
         self.context()
 
@@ -69,7 +69,7 @@ class ServerTls:
         _h2(context)
         _load_pair(context, self.cert, self.key, self.names)
         if self.client_ca:
-            _load_ca(context, self.client_ca, f"{self.names}client-ca")
+            _load_ca(context, self.client_ca, _option(self.names, "client_ca"))
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
@@ -91,7 +91,7 @@ class ClientTls:
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
             raise InvalidArgumentError(
-                f"{self.names}cert and {self.names}key go together: give both or neither"
+                f"{_option(self.names, 'cert')} and {_option(self.names, 'key')} go together: give both or neither"
             )
         self.context()
 
@@ -112,7 +112,7 @@ class ClientTls:
             # The given CA alone: with the system's too, any public CA could vouch
             # for a server of this name.
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            _load_ca(context, self.ca, f"{self.names}ca")
+            _load_ca(context, self.ca, _option(self.names, "ca"))
         else:
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
         _h2(context)
@@ -136,6 +136,17 @@ def check_token(token: str, what: str = "token") -> str:
             f"{what}: a token is 1 to {MAX_TOKEN_CHARS} printable ASCII characters, no spaces"
         )
     return token
+
+
+def _option(names: str, field: str) -> str:
+    """How an error names a field: an option (`--tls-client-ca`), an environment
+    variable (`TIMESLICE_TLS_CERT`) or a file's key (`tls.client_ca`), by how
+    `names` ends."""
+    if names.endswith("-"):
+        return names + field.replace("_", "-")
+    if names.endswith("_"):
+        return names + field.upper()
+    return names + field
 
 
 def _h2(context: ssl.SSLContext) -> None:
@@ -170,21 +181,22 @@ def _load_ca(context: ssl.SSLContext, path: str, option: str) -> None:
 
 
 def _load_pair(context: ssl.SSLContext, cert: str, key: str, names: str) -> None:
-    _pem(cert, f"{names}cert", b"-----BEGIN CERTIFICATE-----", "certificate")
-    _pem(key, f"{names}key", b"PRIVATE KEY-----", "private key")
+    cert_option, key_option = _option(names, "cert"), _option(names, "key")
+    _pem(cert, cert_option, b"-----BEGIN CERTIFICATE-----", "certificate")
+    _pem(key, key_option, b"PRIVATE KEY-----", "private key")
 
     def no_password() -> bytes:
-        raise InvalidArgumentError(f"{names}key: {key} is encrypted; give an unencrypted key")
+        raise InvalidArgumentError(f"{key_option}: {key} is encrypted; give an unencrypted key")
 
     try:
         context.load_cert_chain(cert, key, password=no_password)
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
             raise InvalidArgumentError(
-                f"{names}key: {key} does not match {names}cert {cert}"
+                f"{key_option}: {key} does not match {cert_option} {cert}"
             ) from None
         raise InvalidArgumentError(
-            f"{names}cert, {names}key: {cert} and {key} cannot be used ({_reason(exc)})"
+            f"{cert_option}, {key_option}: {cert} and {key} cannot be used ({_reason(exc)})"
         ) from None
 
 

@@ -195,3 +195,19 @@ async def test_a_tls_handshake_never_finished_is_dropped_at_the_header_timeout(
         finally:
             writer.close()
         assert time.monotonic() - began < 3
+
+
+async def test_a_refused_handshake_is_logged(
+    certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Orchestrator(tls=server_tls(certs, mutual=True)) as orch:
+        other = ClientTls(ca=certs.ca, cert=certs.other_client.cert, key=certs.other_client.key)
+        for tls in (other, client_tls(certs)):
+            async with AsyncTimeSliceOrchestratorClient(
+                orch.address, tls=tls, reconnect_timeout_sec=0
+            ) as client:
+                with pytest.raises(UnavailableError):
+                    await client.list_groups()
+    refusals = [r.getMessage() for r in caplog.records if "refused a TLS handshake" in r.message]
+    assert len(refusals) == 2, refusals
+    assert "certificate" in refusals[0]

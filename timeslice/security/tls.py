@@ -16,6 +16,7 @@ it came from, not a handshake failure later. `context()` builds a fresh
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Final
 
 from timeslice.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 ENV_CA: Final = "TIMESLICE_TLS_CA"
 ENV_CERT: Final = "TIMESLICE_TLS_CERT"
@@ -66,6 +69,7 @@ class ServerTls:
         """A server context for grpclib: TLS >= 1.2, ALPN h2, the client certificate
         required and verified against `client_ca` when it is set."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.sslobject_class = _LoggedHandshake
         _h2(context)
         _load_pair(context, self.cert, self.key, self.names)
         if self.client_ca:
@@ -136,6 +140,22 @@ def check_token(token: str, what: str = "token") -> str:
             f"{what}: a token is 1 to {MAX_TOKEN_CHARS} printable ASCII characters, no spaces"
         )
     return token
+
+
+class _LoggedHandshake(ssl.SSLObject):
+    """A server's TLS connection whose refused handshakes are logged: asyncio drops
+    them silently (outside its debug mode), and a client certificate of the wrong
+    CA, or none where one is required, is a refusal an operator should see."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            reason = getattr(exc, "verify_message", None) or _reason(exc)
+            log.warning("refused a TLS handshake: %s", reason)
+            raise
 
 
 def _option(names: str, field: str) -> str:

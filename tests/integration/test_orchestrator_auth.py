@@ -1,4 +1,5 @@
-"""The orchestrator under an auth policy, called over the wire with bearer tokens.
+"""The orchestrator under an auth policy, called over the wire with bearer tokens,
+over plain TCP and over TLS.
 
 Each attack a caller who knows only job and group names could make on an open
 orchestrator, made again against one with an auth file: refused with the right
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from orchestrator_wire import grpc_status, orchestrator_stub
+from orchestrator_wire import grpc_status
 
 from tests.certs import Certs
 from timeslice import AsyncTimeSliceOrchestratorClient
@@ -60,17 +61,36 @@ def as_(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer {name}-token"}
 
 
+@pytest.fixture(params=["plain", "tls"])
+def transport(
+    request: pytest.FixtureRequest, certs: Certs
+) -> tuple[ServerTls | None, ClientTls | None]:
+    """Each attack is made twice: over plain TCP, and over TLS (the token then
+    travels encrypted; it is still what names the caller)."""
+    if request.param == "plain":
+        return None, None
+    return ServerTls(cert=certs.server.cert, key=certs.server.key), ClientTls(ca=certs.ca)
+
+
 @pytest.fixture
-async def orch() -> AsyncIterator[Orchestrator]:
-    async with Orchestrator(auth=POLICY) as orchestrator:
+def client_tls(transport: tuple[ServerTls | None, ClientTls | None]) -> ClientTls | None:
+    return transport[1]
+
+
+@pytest.fixture
+async def orch(transport: tuple[ServerTls | None, ClientTls | None]) -> AsyncIterator[Orchestrator]:
+    async with Orchestrator(auth=POLICY, tls=transport[0]) as orchestrator:
         yield orchestrator
         orchestrator.table.validate()
 
 
 @pytest.fixture
-async def stub(orch: Orchestrator) -> AsyncIterator[Stub]:
-    async with orchestrator_stub(orch.address) as s:
-        yield s
+async def stub(orch: Orchestrator, client_tls: ClientTls | None) -> AsyncIterator[Stub]:
+    channel = open_channel(parse_target(orch.address), client_tls, None)
+    try:
+        yield Stub(channel, timeout=10)
+    finally:
+        close_channel(channel)
 
 
 @pytest.fixture
@@ -441,10 +461,17 @@ async def test_lists_and_watches_show_only_the_callers_groups(
 # --- through the real clients, and over mTLS ------------------------------------------
 
 
-async def test_through_the_clients_a_grant_is_its_principals_alone(orch: Orchestrator) -> None:
+async def test_through_the_clients_a_grant_is_its_principals_alone(
+    orch: Orchestrator, client_tls: ClientTls | None
+) -> None:
     def client(who: str) -> AsyncTimeSliceOrchestratorClient:
         return AsyncTimeSliceOrchestratorClient(
-            orch.address, "alice", "g", token=f"{who}-token", credentials_from_env=False
+            orch.address,
+            "alice",
+            "g",
+            tls=client_tls,
+            token=f"{who}-token",
+            credentials_from_env=False,
         )
 
     async with client("alice") as alice, client("twin") as twin:

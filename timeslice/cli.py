@@ -432,6 +432,11 @@ async def _until_signal_or(stopped: Awaitable[object]) -> None:
             loop.remove_signal_handler(sig)
 
 
+# How long a command retries an orchestrator it cannot reach before it says so: a
+# person at a terminal wants the answer soon (a program's client waits 30 s).
+CLI_RECONNECT_SEC = 5.0
+
+
 def _with_client(
     target: str,
     action: Callable[[AsyncTimeSliceOrchestratorClient], Awaitable[None]],
@@ -444,7 +449,11 @@ def _with_client(
 
     async def run(given: ClientCredentials) -> None:
         async with AsyncTimeSliceOrchestratorClient(
-            target, lease_ttl_sec=None, tls=given.tls, token=given.token
+            target,
+            lease_ttl_sec=None,
+            reconnect_timeout_sec=CLI_RECONNECT_SEC,
+            tls=given.tls,
+            token=given.token,
         ) as client:
             await action(client)
 

@@ -21,6 +21,7 @@ from timeslice.agent.access import (
     process_uids,
 )
 from timeslice.agent.channels import Capabilities, WorkloadChannel, WorkloadChannels
+from timeslice.agent.events import JobState
 from timeslice.errors import NotFoundError, PermissionDeniedError, UnauthenticatedError
 from timeslice.security.callers import CURRENT, Caller
 from timeslice.security.principals import Principal, Role, Verb
@@ -206,3 +207,22 @@ def test_a_channel_of_the_same_owner_replaces_the_first_which_is_told() -> None:
     third = channel_of(OPERATOR_TCP)
     channels.attach(third)
     assert channels.get("g", "a") is third and second.closed
+
+
+async def test_the_owner_of_a_job_holds_across_an_agent_restart(tmp_path: Any) -> None:
+    """A job's channel owner is kept in the agent's job table: after a restart, before
+    its workload reconnects, another user cannot register the job as theirs."""
+    from timeslice.agent.server import Agent
+
+    db = str(tmp_path / "agent.db")
+    async with Agent(node_name="n1", db=db) as agent:
+        await agent.register(channel_of(LOCAL_OTHER), JobState.RUNNING)
+        assert agent.table.jobs[("g", "a")].owner == owner_of(LOCAL_OTHER)
+    async with Agent(node_name="n1", db=db) as agent:
+        assert agent.channels.get("g", "a") is None  # nothing open yet
+        for other in (LOCAL_ROOT, JOB_TCP, ANONYMOUS_TCP):
+            with pytest.raises(PermissionDeniedError, match="before the agent restarted"):
+                await agent.register(channel_of(other), JobState.RUNNING)
+        assert agent.table.jobs[("g", "a")].owner == owner_of(LOCAL_OTHER)
+        await agent.register(channel_of(LOCAL_OTHER_AUTH), JobState.SAVED)  # the same uid
+        assert agent.channels.get("g", "a") is not None

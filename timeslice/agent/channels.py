@@ -148,14 +148,17 @@ class WorkloadChannels:
         self._channels: dict[tuple[str, str], WorkloadChannel] = {}
         self._ids = itertools.count(1)
 
-    def check_attach(self, channel: WorkloadChannel) -> None:
-        """Refuse `channel` (PERMISSION_DENIED) if the job's open channel belongs to
-        another owner, unless `channel`'s owner may replace anyone's."""
+    def check_attach(self, channel: WorkloadChannel, recorded: str = "") -> None:
+        """Refuse `channel` (PERMISSION_DENIED) if the job's open channel, or with none
+        open the owner `recorded` in the job table (an earlier run's), is another
+        owner's, unless `channel`'s owner may replace anyone's."""
         older = self._channels.get((channel.group, channel.job))
-        if older is None or older.owner == channel.owner or channel.owner_trusted:
+        owner = older.owner if older is not None else recorded
+        if not owner or owner == channel.owner or channel.owner_trusted:
             return
         raise PermissionDeniedError(
-            f"job {channel.job} already has a workload channel of another user open"
+            f"job {channel.job}'s workload channel belongs to another user"
+            + (" (open now)" if older is not None else " (registered before the agent restarted)")
         )
 
     def attach(self, channel: WorkloadChannel) -> None:

@@ -51,6 +51,9 @@ class Register:
     config: dict[str, Any]
     claims: tuple[str, ...] = ()
     state: JobState = JobState.RUNNING
+    # Who registered it over a workload channel ("uid N" or "principal NAME"; ""
+    # none): kept, so that after a restart another user cannot take the job over.
+    owner: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +245,7 @@ class Job:
     since: float
     fault: str = ""
     operation: str = ""  # the running or last operation
+    owner: str = ""  # who registered its workload channel (see `Register.owner`)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -402,9 +402,12 @@ class Agent:
             backend="app_channel",
             config={},
             state=state,
+            owner=channel.owner,
         )
         self._backend("app_channel")
-        self.channels.check_attach(channel)  # before the table learns of it
+        known = self.table.jobs.get((channel.group, channel.job))
+        # Before the table learns of it; the owner it has kept holds across restarts.
+        self.channels.check_attach(channel, known.owner if known is not None else "")
         saved = self.engine.apply(event)  # raises at once if the table refuses it
         # Attached in the same step as the table learns of the job, so that no request
         # can find the job without its channel.

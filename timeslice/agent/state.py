@@ -224,6 +224,7 @@ class JobTable:
             state=e.state,
             since=e.now,
             operation=existing.operation if existing else "",
+            owner=e.owner or (existing.owner if existing else ""),
         )
         return []
 
@@ -489,6 +490,7 @@ class JobTable:
                     "state": j.state.value,
                     "config": deepcopy(j.config),
                     "claims": list(j.claims),
+                    "owner": j.owner,
                 }
                 for j in self.jobs.values()
             ],

@@ -30,7 +30,6 @@ from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN
 from timeslice.api.connections import connection_limits
 from timeslice.security.callers import Authenticator
-from timeslice.security.exposure import left_open
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends import (
     AcceleratorMemory,
@@ -217,19 +216,7 @@ class Agent:
             connection_limits(self.config),
             "the agent",
         )
-        tls = self.config.tls
-        self._address = await self._server.serve(
-            self.config.host, self.config.port, ssl=None if tls is None else tls.context()
-        )
-        warning = left_open(
-            "the agent",
-            self._address,
-            host=self.config.host,
-            tls=tls is not None,
-            auth=self.config.auth is not None,
-        )
-        if warning:
-            log.warning("%s", warning)
+        self._address = await self._server.serve_configured(self.config)
 
     async def _listen_unix(self) -> None:
         """Serve the same services on the Unix socket too, if configured."""

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from ssl import SSLContext
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import betterproto2
 import grpclib.const
@@ -47,6 +47,9 @@ from timeslice.api.wire import decode_strict
 from timeslice.api.status import to_grpc_error
 from timeslice.errors import TimeSliceError, UnavailableError
 from timeslice.security.callers import CURRENT, Authenticator
+from timeslice.security.exposure import left_open
+from timeslice.security.principals import AuthPolicy
+from timeslice.security.tls import ServerTls
 
 _T = TypeVar("_T")
 
@@ -259,6 +262,22 @@ async def recv_bounded(stream: grpclib.server.Stream[Any, Any], limit: int) -> A
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {exc}") from exc
 
 
+class Listening(Protocol):
+    """Where and how a server listens (`OrchestratorConfig` and `AgentConfig` are)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def tls(self) -> ServerTls | None: ...
+
+    @property
+    def auth(self) -> AuthPolicy | None: ...
+
+
 class GrpcServer(grpclib.server.Server):
     """grpclib's server, which also closes the connections it accepted when asked:
     its own close() only stops listening and cancels calls, so clients would keep
@@ -300,6 +319,19 @@ class GrpcServer(grpclib.server.Server):
         warn_if_files_run_short(self.connections.limits, self.connections.what)
         bound_host, bound_port = sock.getsockname()[:2]
         return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+
+    async def serve_configured(self, config: Listening) -> str:
+        """`serve` on the config's host and port, over TLS when it has some; a server
+        open to the network without TLS or auth says so (it may, with `insecure`)."""
+        tls = config.tls
+        address = await self.serve(
+            config.host, config.port, ssl=None if tls is None else tls.context()
+        )
+        what = self.connections.what
+        auth = config.auth is not None
+        if warning := left_open(what, address, host=config.host, tls=tls is not None, auth=auth):
+            log.warning("%s", warning)
+        return address
 
     async def _start_tls(self, sock: socket.socket, ssl: SSLContext) -> None:
         """grpclib's `start`, with a TLS handshake bounded by the header timeout: its own

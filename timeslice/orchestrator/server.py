@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 from timeslice.api.connections import connection_limits
 from timeslice.security.callers import Authenticator
-from timeslice.security.exposure import left_open
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     ConflictError,
@@ -218,19 +217,7 @@ class Orchestrator:
         self._server = GrpcServer(
             [OrchestratorService(self)], connection_limits(self.config), "the orchestrator"
         )
-        tls = self.config.tls
-        self._address = await self._server.serve(
-            self.config.host, self.config.port, ssl=None if tls is None else tls.context()
-        )
-        warning = left_open(
-            "the orchestrator",
-            self._address,
-            host=self.config.host,
-            tls=tls is not None,
-            auth=self.config.auth is not None,
-        )
-        if warning:
-            log.warning("%s", warning)
+        self._address = await self._server.serve_configured(self.config)
 
     def _engine_failed(self, error: TimeSliceError) -> None:
         """The journal failed: every call in the air fails, and the orchestrator closes."""

@@ -49,12 +49,7 @@ from timeslice.errors import InvalidArgumentError
 from timeslice.ids import check_id
 from timeslice.integrations._locks import LockClient, connect
 from timeslice.integrations._registrations import Registrations
-from timeslice.workloads.torch import (
-    DEFAULT_CHUNK_BYTES,
-    MAX_CHUNK_BYTES,
-    MIN_CHUNK_BYTES,
-    TorchWorkload,
-)
+from timeslice.workloads.torch import DEFAULT_CHUNK_BYTES, TorchWorkload, check_chunk_bytes
 
 log = logging.getLogger("timeslice.integrations")
 
@@ -91,14 +86,7 @@ class TimeSliceCallback(TrainerCallback):
     ) -> None:
         check_id("job_id", job_id)
         check_id("group_id", group_id)
-        if (
-            not isinstance(chunk_bytes, int)
-            or isinstance(chunk_bytes, bool)
-            or not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES
-        ):
-            raise InvalidArgumentError(
-                f"chunk_bytes must be an int from {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}"
-            )
+        check_chunk_bytes(chunk_bytes)  # here, not only when the workload is made
         self.job_id = job_id
         self.group_id = group_id
         self.registrations = (

@@ -155,6 +155,20 @@ class _Tensor:
     tags: frozenset[str]
 
 
+def check_chunk_bytes(chunk_bytes: int) -> int:
+    """`chunk_bytes`, the most one copy moves at once, if it is an int from 4 KiB to
+    1 GiB; else `InvalidArgumentError`."""
+    if (
+        not isinstance(chunk_bytes, int)
+        or isinstance(chunk_bytes, bool)
+        or not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES
+    ):
+        raise InvalidArgumentError(
+            f"chunk_bytes must be an int from {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}"
+        )
+    return chunk_bytes
+
+
 class TorchWorkload:
     """Modules, optimizers and named tensors whose device memory a snapshot moves to
     host memory (or drops) and a restore brings back, in place.
@@ -169,15 +183,7 @@ class TorchWorkload:
     default_mode: str = OFFLOAD
 
     def __init__(self, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        if (
-            not isinstance(chunk_bytes, int)
-            or isinstance(chunk_bytes, bool)
-            or not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES
-        ):
-            raise InvalidArgumentError(
-                f"chunk_bytes must be an int from {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}"
-            )
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = check_chunk_bytes(chunk_bytes)
         self._lock = threading.RLock()
         self._modules: dict[str, _Module] = {}
         self._optimizers: dict[str, _Optimizer] = {}

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.certs import Certs, have_openssl, make_certs
+from timeslice.security.callers import CURRENT, Caller
 
 
 @pytest.fixture
@@ -36,3 +38,18 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
             pytest.fail(message)
         pytest.skip(message)
     return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def as_caller() -> Iterator[Callable[[Caller], Caller]]:
+    """Make the current context's caller (what the servers' edge sets for a call) the
+    one given, for the rest of the test."""
+    tokens = []
+
+    def use(caller: Caller) -> Caller:
+        tokens.append(CURRENT.set(caller))
+        return caller
+
+    yield use
+    for token in reversed(tokens):
+        CURRENT.reset(token)

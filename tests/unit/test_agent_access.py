@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from timeslice.agent.access import (
 from timeslice.agent.channels import Capabilities, WorkloadChannel, WorkloadChannels
 from timeslice.agent.events import JobState
 from timeslice.errors import NotFoundError, PermissionDeniedError, UnauthenticatedError
-from timeslice.security.callers import CURRENT, Caller
+from timeslice.security.callers import Caller
 from timeslice.security.principals import Principal, Role, Verb
 
 JOB = Principal(name="trainer-a", role=Role.JOB, token_sha256="0" * 64, jobs=("a",), groups=("g",))
@@ -43,19 +42,6 @@ PROCESSES = {100: (54321,) * 4, 200: (2000,) * 4, 300: (54321, 0, 0, 0), 400: (0
 
 def uids_of(pid: int) -> tuple[int, ...] | None:
     return PROCESSES.get(pid)
-
-
-@pytest.fixture
-def as_caller() -> Iterator[Any]:
-    tokens = []
-
-    def use(caller: Caller) -> Caller:
-        tokens.append(CURRENT.set(caller))
-        return caller
-
-    yield use
-    for token in reversed(tokens):
-        CURRENT.reset(token)
 
 
 # --- the orchestrator's commands -------------------------------------------------------

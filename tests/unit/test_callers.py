@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,19 +46,6 @@ class Peer:
 class Stream:
     def __init__(self, metadata: dict[str, str] | None = None, peer: Peer | None = None) -> None:
         self.metadata, self.peer = metadata, peer or Peer()
-
-
-@pytest.fixture
-def as_caller() -> Iterator[Any]:
-    tokens = []
-
-    def use(caller: Caller) -> Caller:
-        tokens.append(CURRENT.set(caller))
-        return caller
-
-    yield use
-    for token in reversed(tokens):
-        CURRENT.reset(token)
 
 
 def test_without_a_policy_every_caller_passes_unnamed(as_caller: Any) -> None:

@@ -826,6 +826,10 @@ def auth_add_token(
         list[str] | None,
         typer.Option(help="A node name (pattern) it may register as; repeatable. agent role."),
     ] = None,
+    uid: Annotated[
+        list[int] | None,
+        typer.Option(help="A user its processes run as on the nodes; repeatable. job role."),
+    ] = None,
 ) -> None:
     """Make a new bearer token for NAME: its [[principal]] entry goes to stdout (append
     it to the auth file, which keeps only the token's SHA-256), the token to stderr,
@@ -837,7 +841,13 @@ def auth_add_token(
         token = new_token()
         try:
             entry, _ = principal_entry(
-                name, role, token, jobs=job or (), groups=group or (), nodes=node or ()
+                name,
+                role,
+                token,
+                jobs=job or (),
+                groups=group or (),
+                nodes=node or (),
+                uids=uid or (),
             )
         except InvalidArgumentError as exc:
             raise typer.BadParameter(str(exc)) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from timeslice.agent.access import (
     may_replace_any,
     owner_of,
     process_uids,
+    registrant,
 )
 from timeslice.agent.channels import Capabilities, WorkloadChannel, WorkloadChannels
 from timeslice.agent.events import JobState
 from timeslice.errors import NotFoundError, PermissionDeniedError, UnauthenticatedError
 from timeslice.security.callers import Caller
-from timeslice.security.principals import Principal, Role, Verb
+from timeslice.security.principals import AuthPolicy, Principal, Role, Verb
 
 JOB = Principal(name="trainer-a", role=Role.JOB, token_sha256="0" * 64, jobs=("a",), groups=("g",))
 OPERATOR = Principal(name="orchestrator", role=Role.OPERATOR, token_sha256="1" * 64)
@@ -136,6 +138,36 @@ def test_a_job_principal_over_tcp_names_only_the_agents_users_processes() -> Non
     # An agent that runs as root would let it name root's daemons: none then.
     with pytest.raises(PermissionDeniedError, match="Unix socket"):
         check_pids(JOB_TCP, [400], uids_of=uids_of, agent_uid=0)
+
+
+def test_a_job_principal_with_uids_names_only_those_users_processes() -> None:
+    owner = Caller(principal=replace(JOB, uids=(2000,)), auth_required=True, peer="10.0.0.9:4000")
+    check_pids(owner, [200], uids_of=uids_of, agent_uid=0)  # of a root agent too
+    with pytest.raises(
+        PermissionDeniedError, match="pid 100 is not principal trainer-a's .*uid 54321"
+    ):
+        check_pids(owner, [200, 100], uids_of=uids_of, agent_uid=54321)
+    with pytest.raises(PermissionDeniedError, match="pid 400"):
+        check_pids(owner, [400], uids_of=uids_of)
+
+
+def test_a_registered_backend_is_checked_as_its_registrant() -> None:
+    policy = AuthPolicy((replace(JOB, uids=(2000,)), OPERATOR))
+    assert is_trusted(registrant(None, "anyone"))  # an agent without an auth policy
+    assert is_trusted(registrant(policy, "orchestrator"))
+    check_pids(registrant(policy, "trainer-a"), [200], uids_of=uids_of, agent_uid=0)
+    with pytest.raises(PermissionDeniedError, match="pid 100 is not principal trainer-a's"):
+        check_pids(registrant(policy, "trainer-a"), [100], uids_of=uids_of, agent_uid=0)
+    # A name this agent does not know, or none: an anonymous caller's rule.
+    for name in ("stranger", ""):
+        caller = registrant(policy, name)
+        assert caller.principal is None and caller.auth_required
+        assert "registered by" in caller.who
+        check_pids(caller, [100], uids_of=uids_of, agent_uid=54321)
+        with pytest.raises(PermissionDeniedError, match="pid 200"):
+            check_pids(caller, [200], uids_of=uids_of, agent_uid=54321)
+        with pytest.raises(PermissionDeniedError, match="runs as root"):
+            check_pids(caller, [100], uids_of=uids_of, agent_uid=0)
 
 
 def test_an_operator_and_an_agent_without_auth_name_any_process() -> None:

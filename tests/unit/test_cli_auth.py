@@ -43,6 +43,11 @@ def test_the_entry_goes_to_the_auth_file_and_the_token_names_its_principal(
     assert principal.role is Role.JOB
     assert principal.jobs == ("trainer-a", "trainer-a-*") and principal.groups == ("*",)
     assert principal.may_act_as("trainer-a-7") and not principal.may_act_as("trainer-b")
+    assert principal.uids == ()
+    code, entry, _ = add_token(
+        "b", "--role", "job", "--job", "b", "--group", "g", "--uid", "1001", "--uid", "1002"
+    )
+    assert code == 0 and "uids = [1001, 1002]" in entry
 
 
 def test_every_token_is_new() -> None:
@@ -58,6 +63,8 @@ def test_every_token_is_new() -> None:
         (["a", "--role", "agent"], "agent principal needs nodes"),
         (["a", "--role", "agent", "--node", "n", "--job", "j"], "jobs means nothing"),
         (["a", "--role", "viewer", "--group", "x" * 300], "longer than 256 bytes"),
+        (["a", "--role", "job", "--job", "a", "--group", "g", "--uid", "0"], "may not name root"),
+        (["a", "--role", "operator", "--uid", "1001"], "uids means nothing"),
     ],
 )
 def test_an_entry_the_server_would_refuse_is_refused(args: list[str], why: str) -> None:

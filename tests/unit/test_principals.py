@@ -146,6 +146,26 @@ def test_a_certificate_subject_reads_as_the_auth_file_names_it() -> None:
             "same name",
         ),
         ("[[principal]]\nname = 3", "name must be a string"),
+        (
+            f'[[principal]]\nname = "a"\nrole = "job"\ntoken_sha256 = "{TRAINER}"\n'
+            'jobs = ["a"]\ngroups = ["*"]\nuids = [0]',
+            "may not name root",
+        ),
+        (
+            f'[[principal]]\nname = "a"\nrole = "job"\ntoken_sha256 = "{TRAINER}"\n'
+            'jobs = ["a"]\ngroups = ["*"]\nuids = ["alice"]',
+            "uids must be a list of user ids",
+        ),
+        (
+            f'[[principal]]\nname = "a"\nrole = "job"\ntoken_sha256 = "{TRAINER}"\n'
+            'jobs = ["a"]\ngroups = ["*"]\nuids = [-1]',
+            "uid -1 is not a user id",
+        ),
+        (
+            f'[[principal]]\nname = "a"\nrole = "operator"\ntoken_sha256 = "{TRAINER}"\n'
+            "uids = [1001]",
+            "uids means nothing for a operator",
+        ),
     ],
 )
 def test_a_bad_auth_file_is_refused_with_the_file_and_the_problem(
@@ -164,6 +184,18 @@ def test_an_unreadable_or_garbled_file_says_so(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[[principal]\n")
     with pytest.raises(InvalidArgumentError, match="not a valid TOML file"):
         read_auth_file(tmp_path / "bad.toml")
+
+
+def test_a_job_principal_names_the_users_its_processes_run_as(tmp_path: Path) -> None:
+    path = tmp_path / "auth.toml"
+    path.write_text(
+        f'[[principal]]\nname = "a"\nrole = "job"\ntoken_sha256 = "{TRAINER}"\n'
+        'jobs = ["a"]\ngroups = ["*"]\nuids = [1001, 1002]'
+    )
+    policy = read_auth_file(path)
+    found = policy.by_name("a")
+    assert found is not None and found.uids == (1001, 1002)
+    assert policy.by_name("b") is None
 
 
 def test_a_policy_may_be_built_in_code() -> None:

@@ -681,6 +681,23 @@ def test_set_job_backend_sets_and_forgets_per_node(t: Harness) -> None:
     assert t.table.job_backends == {}
 
 
+def test_set_job_backend_keeps_who_registered_it(t: Harness) -> None:
+    cuda: dict[str, Any] = {"cuda": {"explicitTarget": {"pids": [4242]}}}
+    t.handle(ev.SetJobBackend(now=0, group="g", job="a", node="n1", backend=cuda, by="trainer-a"))
+    t.handle(ev.SetJobBackend(now=0, group="g", job="a", node="", backend=cuda))
+    assert t.table.registrant("g", "a", "n1") == "trainer-a"
+    assert t.table.registrant("g", "a", "") == t.table.registrant("g", "b", "n1") == ""
+    # Kept across a snapshot of the table, and forgotten with the backend.
+    again = LockTable.from_dict(t.table.to_dict())
+    assert again.registrant("g", "a", "n1") == "trainer-a"
+    t.handle(ev.SetJobBackend(now=1, group="g", job="a", node="n1", backend=cuda, by="trainer-b"))
+    assert t.table.registrant("g", "a", "n1") == "trainer-b"
+    t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="n1", backend=None, by="trainer-b"))
+    assert t.table.registrant("g", "a", "n1") == ""
+    assert t.table.settings.job_registrants == {}
+    t.refuse(ev.SetJobBackend(now=3, group="g", job="a", node="", backend=cuda, by="bad\nname"), InvalidArgumentError)
+
+
 @pytest.mark.parametrize(
     "event",
     [

@@ -25,9 +25,18 @@ Who may name which `cuda` pids (`check_pids`):
 - an authenticated operator, or any TCP caller of an agent without an auth
   policy: any other process;
 - a Unix socket peer: only processes of its own uid (root: any);
-- a job principal over TCP: only processes of the agent's own user, and none
-  when the agent runs as root (it would name root's daemons): such jobs use
-  the Unix socket, where the kernel says who they are.
+- a job principal with `uids` in the agent's auth file: only processes of
+  those users;
+- any other job principal over TCP: only processes of the agent's own user,
+  and none when the agent runs as root (it would name root's daemons): such
+  jobs use the Unix socket, where the kernel says who they are, or are given
+  their `uids`.
+
+A job registered through the orchestrator reaches the agent with the
+orchestrator's `SwitchGroup`, which names the principal that registered it; the
+agent checks its pids as if that principal had named them itself (`registrant`),
+before it first acts on the job. A name the agent's auth file does not have, or
+none (the orchestrator had no auth policy), is an anonymous caller's.
 
 A process is a user's when its real, effective and saved uids all are that user's
 (`/proc/<pid>/status`), as the kernel's own rule for tracing it.
@@ -42,7 +51,7 @@ from typing import Final
 
 from timeslice.errors import NotFoundError, PermissionDeniedError
 from timeslice.security.callers import CURRENT, Caller, authorize
-from timeslice.security.principals import Verb
+from timeslice.security.principals import AuthPolicy, Role, Verb
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +116,16 @@ def may_replace_any(caller: Caller) -> bool:
     return caller.auth_required and caller.is_operator
 
 
+def registrant(policy: AuthPolicy | None, name: str) -> Caller:
+    """The caller a job's backend registered through the orchestrator is checked as:
+    principal `name` as this agent's auth policy knows it (anonymous when it does
+    not, or `name` is ""); without a policy, a trusted caller."""
+    if policy is None:
+        return Caller()
+    where = f"the orchestrator (registered by {name or 'an anonymous caller'})"
+    return Caller(principal=policy.by_name(name) if name else None, auth_required=True, peer=where)
+
+
 def process_uids(pid: int) -> tuple[int, ...] | None:
     """The real, effective, saved and filesystem uids of process `pid`, or None if
     there is no such process."""
@@ -136,28 +155,33 @@ def check_pids(
         raise refused(caller, Verb.SNAPSHOT, "pid 1 is the node's init process, no job's")
     if caller.auth_required and caller.is_operator:
         return
+    principal = caller.principal
+    allowed: frozenset[int]
     if caller.peer_uid is not None:
         if caller.peer_uid == 0:
             return
-        allowed, whose = caller.peer_uid, f"the caller's (uid {caller.peer_uid})"
+        allowed, whose = frozenset({caller.peer_uid}), f"the caller's (uid {caller.peer_uid})"
     elif not caller.auth_required:
         return
+    elif principal is not None and principal.role is Role.JOB and principal.uids:
+        allowed = frozenset(principal.uids)
+        whose = f"{caller.who}'s (uid {', '.join(map(str, sorted(allowed)))})"
     else:
         agent_uid = os.getuid() if agent_uid is None else agent_uid
         if agent_uid == 0:
             raise refused(
                 caller,
                 Verb.SNAPSHOT,
-                f"pid {pids[0]}: {caller.who} may not name processes over TCP of an agent"
-                " that runs as root (use the agent's Unix socket)",
+                f"pid {pids[0]}: {caller.who} may name no processes of an agent that runs"
+                " as root (give it uids in the agent's auth file, or use its Unix socket)",
             )
-        allowed, whose = agent_uid, f"the agent's user's (uid {agent_uid})"
+        allowed, whose = frozenset({agent_uid}), f"the agent's user's (uid {agent_uid})"
     for pid in pids:
         uids = uids_of(pid)
         if uids is None:
             raise NotFoundError(f"no process {pid} on this node")
         # As the kernel's own rule for tracing a process: every uid of it must be
-        # the caller's (a setuid program run by the caller is not the caller's).
-        if any(uid != allowed for uid in uids):
-            other = next(uid for uid in uids if uid != allowed)
+        # an allowed one (a setuid program run by the caller is not the caller's).
+        other = next((uid for uid in uids if uid not in allowed), None)
+        if other is not None:
             raise refused(caller, Verb.SNAPSHOT, f"pid {pid} is not {whose}: it is uid {other}'s")

@@ -43,7 +43,11 @@ def switch_step(step: SwitchStep) -> pb.SwitchStep:
     op = step.op
     if op is None:
         return pb.SwitchStep(
-            job_id=step.job, kind=step.kind, status=pb.OperationStatus.FAILED, error=step.error
+            job_id=step.job,
+            kind=step.kind,
+            status=pb.OperationStatus.FAILED,
+            error=step.error,
+            refused=step.refused,
         )
     answer = operation_response(op)
     return pb.SwitchStep(

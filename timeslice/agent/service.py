@@ -20,6 +20,7 @@ from timeslice.agent.access import (
     may_replace_any,
     owner_of,
     refused,
+    registrant,
 )
 from timeslice.agent.channels import Result, WorkloadChannel, WorkloadChannels
 from timeslice.agent.config import AgentConfig
@@ -165,7 +166,12 @@ class AgentService(pb.SnapshotAgentServiceBase):
             choice = None
             if job.backend_config is not None:
                 backend, config, params = backend_of(job.backend_config, pb.Backend.UNSPECIFIED)
-                choice = BackendChoice(backend=backend, config=config, params=params)
+                choice = BackendChoice(
+                    backend=backend,
+                    config=config,
+                    params=params,
+                    refusal=self._refusal(message.group, job, backend, config),
+                )
             jobs[job.job_id] = choice
             if job.snapshot_timeout_ms < 0:
                 raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
@@ -256,6 +262,25 @@ class AgentService(pb.SnapshotAgentServiceBase):
         except Exception as exc:
             reason = f"the workload channel failed: {exc}"
         channel.close(reason or DEREGISTERED)
+
+    def _refusal(
+        self, group: str, job: pb.SwitchJob, backend: str | None, config: dict[str, object] | None
+    ) -> str:
+        """Why the agent may not act on the backend `job` registered with the
+        orchestrator ("" it may): checked as its registrant, before the agent
+        first knows the job (a job it knows keeps the backend it is known by)."""
+        if self.agent.table.find(group, job.job_id) is not None:
+            return ""
+        if job.registered_by:
+            check_id("registered_by", job.registered_by)
+        caller = registrant(self.agent.gate.authenticator.policy, job.registered_by)
+        try:
+            self._check_owned(caller, group, job.job_id, backend, config)
+        except PermissionDeniedError as exc:
+            return exc.message
+        except NotFoundError:
+            return ""  # no such process: its operation fails, faulting the job
+        return ""
 
     def _check_owned(
         self,

@@ -75,16 +75,21 @@ class BackendChoice:
     backend: str | None
     config: dict[str, Any] | None
     params: dict[str, Any]
+    # Why the agent may not act on this config for the job ("" it may): it names
+    # processes the job's registrant does not own.
+    refusal: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SwitchStep:
-    """One operation the switch ran (or tried to start: then `op` is None)."""
+    """One operation the switch ran (or tried to start: then `op` is None, and
+    `refused` when the agent would not act on the job's registered backend)."""
 
     job: str
     kind: OpKind
     op: Operation | None
     error: str = ""
+    refused: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +210,8 @@ async def _start(
     if limit is not None:
         left = min(left, limit)
     known = host.table.find(group, job) is not None
+    if not known and choice is not None and choice.refusal:
+        return SwitchStep(job=job, kind=kind, op=None, error=choice.refusal, refused=True)
     try:
         op_id = await host.start_operation(
             kind,

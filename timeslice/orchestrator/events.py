@@ -220,7 +220,9 @@ class RegisterAgent:
 @dataclass(frozen=True, kw_only=True)
 class SetJobBackend:
     """The backend `job`'s contexts need on `group`'s nodes (on `node` only, when
-    set); sent to the agents with every switch. `backend` None forgets it."""
+    set); sent to the agents with every switch, with the principal that registered
+    it (`by`, "" when the caller had none), for the agents to check whose processes
+    it names. `backend` None forgets it."""
 
     journaling: ClassVar[Journaling] = Journaling.ALWAYS
 
@@ -229,6 +231,7 @@ class SetJobBackend:
     job: str
     node: str
     backend: dict[str, Any] | None
+    by: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -189,12 +189,14 @@ class HandoffDriver:
         limit_ms = max(1, round(limit * 1000)) if limit is not None else 0
         for job in sorted(known):
             config = registered.get(job, {})
-            chosen = config.get(node, config.get(""))
+            where = node if node in config else ""
+            chosen = config.get(where)
             backend = apb.BackendConfig.from_dict(chosen) if chosen is not None else None
             yield apb.SwitchJob(
                 job_id=job,
                 backend_config=backend,
                 snapshot_timeout_ms=limit_ms if job == revoked else 0,
+                registered_by=table.registrant(group, job, where) if chosen is not None else "",
             )
 
     def _client(self, address: str) -> AsyncSnapshotAgentClient:
@@ -227,6 +229,8 @@ def _node_result(
             faults.append((step.job_id, reason))
         elif step.operation_id and step.status != apb.OperationStatus.COMPLETE:
             faults.append((step.job_id, f"{step.kind} did not finish in time on {node}"))
+        elif step.refused:
+            faults.append((step.job_id, f"{step.kind} refused on {node}: {step.error or '?'}"))
         elif not step.operation_id:
             log.info("switch on %s: no %s of %s: %s", node, step.kind, step.job_id, step.error)
     for job in answer.faulted:

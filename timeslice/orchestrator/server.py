@@ -304,10 +304,13 @@ class Orchestrator:
         await self.apply(ev.SetGroupNodes(now=time.time(), group=group, nodes=nodes))
 
     async def register_job(
-        self, group: str, job: str, node: str, backend: dict[str, Any] | None
+        self, group: str, job: str, node: str, backend: dict[str, Any] | None, by: str = ""
     ) -> None:
-        """Record the backend `job`'s contexts need on `group` (on `node` only, when set)."""
-        event = ev.SetJobBackend(now=time.time(), group=group, job=job, node=node, backend=backend)
+        """Record the backend `job`'s contexts need on `group` (on `node` only, when
+        set), registered by principal `by` ("" none)."""
+        event = ev.SetJobBackend(
+            now=time.time(), group=group, job=job, node=node, backend=backend, by=by
+        )
         await self.apply(event)
 
     async def reset_job(self, group: str, job: str) -> bool:

@@ -90,7 +90,7 @@ class OrchestratorApi(Protocol):
     async def force_release(self, group: str, job: str = "", reason: str = "") -> list[Effect]: ...
 
     async def register_job(
-        self, group: str, job: str, node: str, backend: dict[str, Any] | None
+        self, group: str, job: str, node: str, backend: dict[str, Any] | None, by: str = ""
     ) -> None: ...
 
     async def reset_job(self, group: str, job: str) -> bool: ...
@@ -268,15 +268,17 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     async def register_job(self, message: pb.RegisterJobRequest) -> pb.RegisterJobResponse:
         # The node is where the job runs, not one the caller acts as: a job
         # principal names no nodes.
-        authorize(Verb.REGISTER_JOB, job=message.job_id, group=message.group_id)
+        caller = authorize(Verb.REGISTER_JOB, job=message.job_id, group=message.group_id)
         backend = message.backend_config
         if backend is not None:
             backend_of(backend, apb.Backend.UNSPECIFIED)  # refuses what no agent would take
+        # The agents check the processes it names against whoever registered it.
         await self.orch.register_job(
             message.group_id,
             message.job_id,
             message.node,
             backend.to_dict() if backend is not None else None,
+            by=caller.principal.name if caller.principal is not None else "",
         )
         return pb.RegisterJobResponse()
 

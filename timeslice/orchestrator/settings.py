@@ -1,6 +1,6 @@
 """What operators and agents set, as the lock table keeps it: hold limits and
 queue policies per group, the nodes each group spans, where each node's agent is
-reached, and the backend each job's contexts need.
+reached, the backend each job's contexts need and the principal that registered it.
 
 `Settings.handle` applies the five setting events (checking them first, so that
 a refused one changes nothing); the lock table reads the result when it grants
@@ -10,13 +10,15 @@ and when it arms a holder's deadlines. Pure: no clock, no I/O.
 from __future__ import annotations
 
 from copy import deepcopy
-from typing import Any
+from typing import Any, TypeVar
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.ids import check_id, check_node, parse_target
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import EVERY_GROUP
 from timeslice.orchestrator.model import GroupPolicy, HoldLimit
+
+_V = TypeVar("_V")
 
 SettingEvent = (
     ev.SetHoldLimit | ev.SetPolicy | ev.SetGroupNodes | ev.RegisterAgent | ev.SetJobBackend
@@ -35,6 +37,8 @@ class Settings:
         self.agents: dict[str, str] = {}
         # Per group, job and node ("" every node): the backend config the job registered.
         self.job_backends: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        # The same keys: the principal that registered each one, when it had one.
+        self.job_registrants: dict[str, dict[str, dict[str, str]]] = {}
 
     def handle(self, e: SettingEvent) -> None:
         """Apply one setting; raise (changing nothing) if it is not valid."""
@@ -92,16 +96,20 @@ class Settings:
         check_id("job_id", e.job)
         if e.node:
             check_node(e.node)
-        jobs = self.job_backends.setdefault(e.group, {})
-        per_node = jobs.setdefault(e.job, {})
-        if e.backend is None:
-            per_node.pop(e.node, None)
-        else:
-            per_node[e.node] = dict(e.backend)
-        if not per_node:
-            del jobs[e.job]
-        if not jobs:
-            del self.job_backends[e.group]
+        if e.by:
+            check_id("by", e.by)
+        _put(
+            self.job_backends,
+            e.group,
+            e.job,
+            e.node,
+            None if e.backend is None else dict(e.backend),
+        )
+        _put(self.job_registrants, e.group, e.job, e.node, e.by if e.backend is not None else "")
+
+    def registrant(self, group: str, job: str, node: str) -> str:
+        """The principal that registered the backend `job` has on `node` ("" none)."""
+        return self.job_registrants.get(group, {}).get(job, {}).get(node, "")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings' part of the table's snapshot."""
@@ -112,6 +120,7 @@ class Settings:
             "nodes": {name: list(nodes) for name, nodes in self.nodes.items()},
             "agents": dict(self.agents),
             "job_backends": deepcopy(self.job_backends),
+            "job_registrants": deepcopy(self.job_registrants),
         }
 
     @classmethod
@@ -130,4 +139,21 @@ class Settings:
         settings.nodes = {name: tuple(nodes) for name, nodes in data.get("nodes", {}).items()}
         settings.agents = dict(data.get("agents", {}))
         settings.job_backends = deepcopy(data.get("job_backends", {}))
+        settings.job_registrants = deepcopy(data.get("job_registrants", {}))
         return settings
+
+
+def _put(
+    table: dict[str, dict[str, dict[str, _V]]], group: str, job: str, node: str, value: _V | None
+) -> None:
+    """Set (None or "": remove) `table[group][job][node]`, dropping what is left empty."""
+    jobs = table.setdefault(group, {})
+    per_node = jobs.setdefault(job, {})
+    if value is None or value == "":
+        per_node.pop(node, None)
+    else:
+        per_node[node] = value
+    if not per_node:
+        del jobs[job]
+    if not jobs:
+        del table[group]

@@ -472,6 +472,10 @@ class LockTable:
         """Per group, job and node ("" every node): the backend config the job registered."""
         return self.settings.job_backends
 
+    def registrant(self, group: str, job: str, node: str) -> str:
+        """The principal that registered `job`'s backend on `node` ("" none)."""
+        return self.settings.registrant(group, job, node)
+
     def hold_limit(self, group: str) -> float | None:
         """The longest a holder may keep `group`."""
         return self.settings.hold_limit_of(group).max_hold

@@ -10,6 +10,12 @@ service, how it proves who it is, and what it may touch:
     jobs = ["trainer-a", "trainer-a-*"]  # job: the job ids it may act as
     groups = ["*"]                       # job, viewer: the groups it may touch or see
     # nodes = ["gpu-1"]                  # agent: the node names it may register as
+    # uids = [1001]                      # job: the node users whose processes are its
+
+A job principal's `uids` are the users its processes run as on the nodes: an
+agent names a `cuda` job's processes for the principal that registered the job
+only when they are those users' (without `uids`, only the agent's own user's,
+and none when the agent runs as root). Root (0) is no job's user.
 
 A principal proves itself by a bearer token (the file keeps only its SHA-256,
 so that the file grants nothing to whoever reads it) or by the subject of a
@@ -47,7 +53,9 @@ from timeslice.api.bounds import MAX_ITEMS, id_problem
 from timeslice.errors import InvalidArgumentError, PermissionDeniedError
 
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}\Z")
-_KEYS: Final = {"name", "token_sha256", "cert_subject", "role", "jobs", "groups", "nodes"}
+_KEYS: Final = {"name", "token_sha256", "cert_subject", "role", "jobs", "groups", "nodes", "uids"}
+# The largest uid Linux has (uid_t is 32 bits; -1 means "none").
+_MAX_UID: Final = 2**32 - 2
 
 
 class Role(StrEnum):
@@ -111,6 +119,8 @@ class Principal:
     jobs: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
+    # job: the users its processes run as on the nodes.
+    uids: tuple[int, ...] = ()
 
     def may_act_as(self, job: str) -> bool:
         return self.role is Role.OPERATOR or _matches(job, self.jobs)
@@ -149,6 +159,10 @@ class AuthPolicy:
     def by_subject(self, subject: str) -> Principal | None:
         """The principal of this certificate subject ("CN=...,O=..."), or None."""
         return next((p for p in self.principals if p.cert_subject == subject), None)
+
+    def by_name(self, name: str) -> Principal | None:
+        """The principal of this name, or None."""
+        return next((p for p in self.principals if p.name == name), None)
 
 
 def token_sha256(token: str) -> str:
@@ -254,6 +268,9 @@ def _principal(entry: Mapping[str, Any], where: str) -> Principal:
     for key, values in given.items():
         if values and key not in needs.get(role, ()):
             raise InvalidArgumentError(f"{where}: {key} means nothing for a {role} principal")
+    uids = _uids(entry, where)
+    if uids and role is not Role.JOB:
+        raise InvalidArgumentError(f"{where}: uids means nothing for a {role} principal")
     return Principal(
         name=name,
         role=role,
@@ -262,7 +279,26 @@ def _principal(entry: Mapping[str, Any], where: str) -> Principal:
         jobs=jobs,
         groups=groups,
         nodes=nodes,
+        uids=uids,
     )
+
+
+def _uids(entry: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    values = entry.get("uids", [])
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise InvalidArgumentError(f"{where}: uids must be a list of user ids (integers)")
+    if len(values) > MAX_ITEMS:
+        raise InvalidArgumentError(f"{where}: uids has more than {MAX_ITEMS} entries")
+    for uid in values:
+        if uid == 0:
+            raise InvalidArgumentError(
+                f"{where}: uids may not name root (0): an operator principal acts on any process"
+            )
+        if not 0 < uid <= _MAX_UID:
+            raise InvalidArgumentError(f"{where}: uid {uid} is not a user id")
+    return tuple(values)
 
 
 def _text(entry: Mapping[str, Any], key: str, where: str) -> str:

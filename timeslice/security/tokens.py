@@ -36,6 +36,7 @@ def principal_entry(
     jobs: Sequence[str] = (),
     groups: Sequence[str] = (),
     nodes: Sequence[str] = (),
+    uids: Sequence[int] = (),
 ) -> tuple[str, Principal]:
     """The `[[principal]]` lines of an auth file for the principal `name` with
     `role` and the patterns given, identified by `token` (its SHA-256 only), and
@@ -50,6 +51,8 @@ def principal_entry(
     for key, values in (("jobs", jobs), ("groups", groups), ("nodes", nodes)):
         if values:
             lines.append(f"{key} = [{', '.join(_string(v) for v in values)}]")
+    if uids:
+        lines.append(f"uids = [{', '.join(str(int(uid)) for uid in uids)}]")
     text = "\n".join(lines) + "\n"
     try:
         data = tomllib.loads(text)

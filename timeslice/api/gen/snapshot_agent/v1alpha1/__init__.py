@@ -876,6 +876,13 @@ class SwitchJob(betterproto2.Message):
     the job is FAULTED and the switch goes on. 0: the switch's timeout.
     """
 
+    registered_by: "str" = betterproto2.field(101, betterproto2.TYPE_STRING)
+    """
+    The principal that registered `backend_config` with the orchestrator ("":
+    none, or no auth policy there). An agent with an auth policy names only that
+    principal's processes for it (a `cuda` job's pids); see the auth file's `uids`.
+    """
+
 
 default_message_pool.register_message("snapshot_agent.v1alpha1", "SwitchJob", SwitchJob)
 
@@ -906,6 +913,12 @@ class SwitchStep(betterproto2.Message):
     device_bytes: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
 
     elapsed_ms: "int" = betterproto2.field(8, betterproto2.TYPE_INT64)
+
+    refused: "bool" = betterproto2.field(9, betterproto2.TYPE_BOOL)
+    """
+    The agent refused to start it (no operation_id): the job's registration
+    names processes its registrant does not own. The job is quarantined.
+    """
 
 
 default_message_pool.register_message(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 from types import ModuleType
 
 import pytest
@@ -17,3 +18,15 @@ def need(module: str) -> ModuleType:
     if os.environ.get("CI") == "true":
         return importlib.import_module(module)
     return pytest.importorskip(module)
+
+
+def need_command(name: str) -> str:
+    """The path of the command `name` (kubectl, say); the calling test is skipped if it
+    is not installed, unless `CI=true`, where it fails: CI installs it."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"the {name} command is not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

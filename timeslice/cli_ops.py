@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 JsonOutput = Annotated[
     bool,
-    typer.Option("--json", help="Print JSON (keys: README, Operator commands) instead of text."),
+    typer.Option(
+        "--json", help="Print one JSON document (keys: README, Watching and checking a cluster)."
+    ),
 ]
 JsonLines = Annotated[
     bool, typer.Option("--json", help="Print each event as one line of JSON instead of text.")

@@ -2,7 +2,7 @@
 keys (`--json`) or as lines of text, and what `timeslice inspect` finds wrong.
 
 Pure: values in, dicts and strings out; the commands in `cli_ops.py` do the I/O.
-The JSON keys are documented in the README (Operator commands); a key, once
+The JSON keys are documented in the README (Watching and checking a cluster); a key, once
 there, keeps its name and meaning. Absent values are null, never missing keys.
 """
 

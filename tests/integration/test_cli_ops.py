@@ -334,3 +334,32 @@ async def test_a_watch_carries_on_across_a_restart_of_the_orchestrator(
     assert [e.kind for e in seen] == [
         WatchEventKind.CURRENT, WatchEventKind.CURRENT, WatchEventKind.YIELDED
     ]  # fmt: skip
+
+
+# --- credentials ----------------------------------------------------------------------
+
+
+async def test_the_commands_call_with_the_token_given_or_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from timeslice.security.principals import read_auth_file
+    from timeslice.security.tokens import new_token, principal_entry
+
+    token = new_token()
+    entry, _ = principal_entry("ops", "operator", token)
+    (tmp_path / "auth.toml").write_text(entry)
+    policy = read_auth_file(tmp_path / "auth.toml")
+    async with Orchestrator(auth=policy) as orch, Agent(
+        node_name="node-a", backends=("noop",), auth=policy
+    ) as agent:  # fmt: skip
+        for command in (["inspect"], ["status", "--json"]):
+            code, _, err = await invoke_async(*command, "-t", orch.address)
+            assert code == 1 and "UNAUTHENTICATED" in err, err
+            code, _, err = await invoke_async(*command, "-t", orch.address, "--token", token)
+            assert code == 0, err
+        code, _, err = await invoke_async("agent", "status", "-t", agent.address)
+        assert code == 1 and "UNAUTHENTICATED" in err, err
+        monkeypatch.setenv("TIMESLICE_TOKEN", token)
+        code, out, err = await invoke_async("agent", "status", "--json", "-t", agent.address)
+        assert code == 0, err
+        assert json.loads(out)["node"] == "node-a"

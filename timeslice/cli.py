@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
 
+from timeslice.cli_client import DEFAULT_TARGET, Target
+from timeslice.cli_client import credentials_of as _credentials
+from timeslice.cli_client import until_signal_or as _until_signal_or
+from timeslice.cli_client import with_client as _with_client
+from timeslice.cli_ops import JsonOutput, VersionOption, agent_app, inspect, watch
 from timeslice.cli_credentials import (
     AgentTlsCa,
     AgentTlsCert,
     AgentTlsKey,
     AuthFile,
-    ClientCredentials,
     ClientTlsCert,
     ClientTlsKey,
     Insecure,
@@ -50,8 +52,6 @@ serve_app = typer.Typer(
 )
 app.add_typer(serve_app, name="serve")
 
-DEFAULT_TARGET = "127.0.0.1:50051"
-Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
 LogLevel = Annotated[
     str, typer.Option(help="DEBUG, INFO, WARNING, ERROR or CRITICAL (in any case).")
 ]
@@ -68,6 +68,7 @@ def app_options(
             help="On an error, print the traceback above its one-line message.",
         ),
     ] = False,
+    version: VersionOption = False,
 ) -> None:
     """Share accelerators between RL jobs, one holder at a time."""
     debugging.set(debug)
@@ -416,68 +417,10 @@ def serve_agent(
         anyio.run(serve)
 
 
-async def _until_signal_or(stopped: Awaitable[object]) -> None:
-    """Wait for SIGINT or SIGTERM, or until `stopped` completes."""
-    signalled = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signalled.set)
-    waits = [asyncio.ensure_future(signalled.wait()), asyncio.ensure_future(stopped)]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
-# How long a command retries an orchestrator it cannot reach before it says so: a
-# person at a terminal wants the answer soon (a program's client waits 30 s).
-CLI_RECONNECT_SEC = 5.0
-
-
-def _with_client(
-    target: str,
-    action: Callable[[AsyncTimeSliceOrchestratorClient], Awaitable[None]],
-    credentials: Callable[[], ClientCredentials] = ClientCredentials,
-) -> None:
-    """Run `action` with a client of the orchestrator at `target`; report errors plainly.
-    Operator commands hold no lease: a lock they take stays until `timeslice yield`."""
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
-    from timeslice.ids import parse_target
-
-    async def run(given: ClientCredentials) -> None:
-        async with AsyncTimeSliceOrchestratorClient(
-            target,
-            lease_ttl_sec=None,
-            reconnect_timeout_sec=CLI_RECONNECT_SEC,
-            tls=given.tls,
-            token=given.token,
-        ) as client:
-            await action(client)
-
-    with user_errors(Scope(target=target)):
-        try:
-            parse_target(target)
-        except TimeSliceError as exc:
-            raise typer.BadParameter(f"--target: {exc}") from None
-        anyio.run(run, credentials())
-
-
-def _credentials(
-    ca: str | None, cert: str | None, key: str | None, token: str | None
-) -> Callable[[], ClientCredentials]:
-    """A client command's credentials, read when the command runs (a bad file is
-    then reported as the command's error)."""
-    from timeslice.cli_credentials import client_credentials
-
-    return lambda: client_credentials(ca, cert, key, token)
-
-
 @app.command()
 def status(
     group: Annotated[str | None, typer.Argument(help="One group; all groups when omitted.")] = None,
+    json_output: JsonOutput = False,
     target: Target = DEFAULT_TARGET,
     tls_ca: TlsCa = None,
     tls_cert: ClientTlsCert = None,
@@ -488,6 +431,11 @@ def status(
 
     async def show(client: AsyncTimeSliceOrchestratorClient) -> None:
         groups = [group] if group else await client.list_groups()
+        if json_output:
+            from timeslice.cli_views import dumps, status_json
+
+            typer.echo(dumps(status_json([await client.get_status(name) for name in groups])))
+            return
         if not groups:
             typer.echo("no groups yet")
         for name in groups:
@@ -853,6 +801,12 @@ def auth_add_token(
             raise typer.BadParameter(str(exc)) from None
         typer.echo(entry, nl=False)
         typer.echo(f"token for {name} (shown only now): {token}", err=True)
+
+
+# the operator's commands (cli_ops.py)
+app.command()(watch)
+app.command()(inspect)
+app.add_typer(agent_app, name="agent")
 
 
 def main() -> None:

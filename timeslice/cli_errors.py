@@ -54,6 +54,8 @@ class Scope:
     listen: str | None = None
     target: str | None = None
     urls: Sequence[str] = ()
+    # What runs at `target`, as the messages name it.
+    server: str = "the orchestrator"
 
 
 @contextmanager
@@ -90,13 +92,13 @@ def describe(exc: BaseException, scope: Scope) -> str:
         if (cause := _socket_error(exc)) is not None:
             if isinstance(cause, ssl.SSLCertVerificationError):
                 return (
-                    f"cannot reach the orchestrator at {scope.target}: its certificate is not"
+                    f"cannot reach {scope.server} at {scope.target}: its certificate is not"
                     f" trusted: {cause.verify_message} (check --tls-ca or TIMESLICE_TLS_CA)"
                 )
             if isinstance(cause, ssl.SSLError):
-                return f"TLS with the orchestrator at {scope.target} failed: {cause.reason}"
+                return f"TLS with {scope.server} at {scope.target} failed: {cause.reason}"
             advice = "check --target" if isinstance(cause, socket.gaierror) else "is it running?"
-            return f"cannot reach the orchestrator at {scope.target}: {_reason(cause)} ({advice})"
+            return f"cannot reach {scope.server} at {scope.target}: {_reason(cause)} ({advice})"
     if isinstance(exc, TimeSliceError):
         message = exc.message or type(exc).__name__
         # An operator reading a client's error wants the status to look it up.

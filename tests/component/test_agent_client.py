@@ -343,18 +343,23 @@ async def test_status_maps_every_field(fake: FakeAgent, client: AsyncSnapshotAge
                 backend="cuda",
                 fault="the process went away",
                 operation_id="op-3",
+                liveness=pb.Liveness.GONE,
             ),
         ],
         accelerator_statuses=[pb.AcceleratorStatus("GPU-0", 10, 80)],
         node_name="node-7",
+        version="1.2.3",
     )
     assert await client.status() == StatusResponse(
         job_statuses=[
             JobStatus("a", "JOB_STATE_SAVED"),
-            JobStatus("b", "JOB_STATE_FAULTED", "g", "cuda", "the process went away", "op-3"),
+            JobStatus(
+                "b", "JOB_STATE_FAULTED", "g", "cuda", "the process went away", "op-3", "GONE"
+            ),
         ],
         accelerator_statuses=[AcceleratorStatus("GPU-0", 10, 80)],
         node_name="node-7",
+        version="1.2.3",
     )
     fake.status_answer = pb.StatusResponse()
     assert await client.status() == StatusResponse([], [], "")

@@ -221,6 +221,7 @@ VALID: Final[dict[str, _Builder]] = {
         r.choice(p.groups), [n for n in p.nodes if r.random() < 0.3]
     ),
     "TimeSliceOrchestratorService/AgentSession": _report,
+    "TimeSliceOrchestratorService/ListAgents": lambda r, p: opb.ListAgentsRequest(),
     "SnapshotAgentService/Snapshot": _operation(apb.SnapshotRequest),
     "SnapshotAgentService/Restore": _operation(apb.RestoreRequest),
     "SnapshotAgentService/GetOperation": lambda r, p: apb.GetOperationRequest(

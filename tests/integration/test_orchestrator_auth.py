@@ -162,12 +162,13 @@ def every_call(stub: Stub, md: dict[str, str] | None) -> dict[str, Callable[[], 
         "reset-job": lambda: stub.reset_job(pb.ResetJobRequest(group_id="g", job_id="alice"), metadata=md),
         "set-group-nodes": lambda: stub.set_group_nodes(nodes, metadata=md),
         "agent-session": lambda: stub.agent_session([report("gpu-1", groups=("g",))], metadata=md),
+        "list-agents": lambda: stub.list_agents(pb.ListAgentsRequest(), metadata=md),
     }  # fmt: skip
 
 
 CALLS = [
     "acquire", "yield", "keep-alive", "list-groups", "status", "watch", "force-release",
-    "register-job", "reset-job", "set-group-nodes", "agent-session",
+    "register-job", "reset-job", "set-group-nodes", "agent-session", "list-agents",
 ]  # fmt: skip
 
 
@@ -456,6 +457,18 @@ async def test_lists_and_watches_show_only_the_callers_groups(
         (Kind.YIELDED, "g", "alice"),
         (Kind.GRANTED, "g", "bob"),
     ]
+
+
+async def test_list_agents_shows_only_the_agents_of_the_callers_groups(
+    orch: Orchestrator, stub: Stub, alice_holds: pb.AcquireResponse
+) -> None:
+    await orch.set_group_nodes("g", ("node-g",))
+    await orch.set_group_nodes("h", ("node-h",))
+    seen = await stub.list_agents(pb.ListAgentsRequest(), metadata=as_("viewer"))
+    assert [(a.node, a.groups) for a in seen.agents] == [("node-g", ["g"])]
+    every = await stub.list_agents(pb.ListAgentsRequest(), metadata=as_("ops"))
+    assert [a.node for a in every.agents] == ["node-g", "node-h"]
+    assert every.version and not every.agents[0].address  # no agent registered there
 
 
 # --- through the real clients, and over mTLS ------------------------------------------

@@ -44,6 +44,7 @@ from timeslice.ids import check_id
 from timeslice.kinds import Liveness, OpKind
 from timeslice.security.callers import Caller
 from timeslice.security.principals import Role, Verb
+from timeslice.versions import package_version
 
 
 class AgentApi(SwitchHost, Protocol):
@@ -150,6 +151,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
             job_statuses=jobs,
             accelerator_statuses=accelerators,
             node_name=self.agent.config.node_name,
+            version=package_version(),
         )
 
     async def switch_group(self, message: pb.SwitchGroupRequest) -> pb.SwitchGroupResponse:

@@ -89,6 +89,8 @@ class JobStatus:
     backend: str = ""
     fault: str = ""
     operation_id: str = ""
+    # What the agent sees of the job's workload: "ALIVE", "GONE" or "UNSPECIFIED".
+    liveness: str = "UNSPECIFIED"
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ class StatusResponse:
     job_statuses: list[JobStatus]
     accelerator_statuses: list[AcceleratorStatus]
     node_name: str = ""
+    # The agent's version ("" from an agent too old to say).
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ def status_response(message: pb.StatusResponse) -> StatusResponse:
                 backend=job.backend,
                 fault=job.fault,
                 operation_id=job.operation_id,
+                liveness=enum_name(job.liveness).removeprefix("LIVENESS_"),
             )
             for job in message.job_statuses
         ],
@@ -164,6 +169,7 @@ def status_response(message: pb.StatusResponse) -> StatusResponse:
             for accelerator in message.accelerator_statuses
         ],
         node_name=message.node_name,
+        version=message.version,
     )
 
 

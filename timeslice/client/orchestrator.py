@@ -33,12 +33,14 @@ from timeslice.client._transport import (
 )
 from timeslice.client.types import (
     AcquireResult,
+    AgentList,
     ForceReleaseResult,
     LeaseInfo,
     OrchestratorGroupStatus,
     WatchEvent,
     YieldResult,
     acquire_result,
+    agent_list,
     force_release_result,
     lease_info,
     orchestrator_group_status,
@@ -265,6 +267,17 @@ class AsyncTimeSliceOrchestratorClient:
             lambda timeout: stub.list_groups(pb.ListGroupsRequest(), timeout=timeout),
         )
         return list(response.group_ids)
+
+    async def list_agents(self, timeout_sec: float | None = None) -> AgentList:
+        """Every agent the orchestrator knows, each asked for its Status just now, and
+        the orchestrator's version."""
+        stub = self._connect()
+        response = await self._retrying(
+            "ListAgents",
+            timeout_sec,
+            lambda timeout: stub.list_agents(pb.ListAgentsRequest(), timeout=timeout),
+        )
+        return agent_list(response)
 
     async def keep_alive(
         self,

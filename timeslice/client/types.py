@@ -168,6 +168,31 @@ class WatchEvent:
     switch_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class KnownAgent:
+    """An agent the orchestrator knows (`list_agents()`), asked for its Status just now.
+
+    ``address`` is empty when no agent of that node has registered; ``error`` says
+    why it did not answer when ``reachable`` is False.
+    """
+
+    node: str
+    address: str
+    in_session: bool
+    groups: tuple[str, ...]
+    reachable: bool
+    version: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class AgentList:
+    """The answer to `list_agents()`: the agents, and the orchestrator's own version."""
+
+    agents: tuple[KnownAgent, ...]
+    version: str
+
+
 def _enum_by_name(cls: type[E], value: object, default: E) -> E:
     # Generated enums and ours share member names; a value this client does not
     # know (a newer server) reads as the default rather than failing.
@@ -276,4 +301,23 @@ def watch_event(message: pb.WatchEvent) -> WatchEvent:
         status=group_status(message.status) if message.status is not None else None,
         context_restored=message.context_restored,
         switch_bytes=message.switch_bytes,
+    )
+
+
+def agent_list(message: pb.ListAgentsResponse) -> AgentList:
+    """An `AgentList` from the wire message."""
+    return AgentList(
+        agents=tuple(
+            KnownAgent(
+                node=a.node,
+                address=a.address,
+                in_session=a.in_session,
+                groups=tuple(a.groups),
+                reachable=a.reachable,
+                version=a.version,
+                error=a.error,
+            )
+            for a in message.agents
+        ),
+        version=message.version,
     )

@@ -36,6 +36,18 @@ class AgentJobView:
     state: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class KnownAgent:
+    """An agent the orchestrator knows of: its node (a name, or an address a group
+    names), where it is reached (None: not known), whether its session is open now,
+    and the groups whose nodes include it."""
+
+    node: str
+    address: str | None
+    in_session: bool
+    groups: tuple[str, ...]
+
+
 class AgentDirectory:
     """One client per agent address, made when first needed, and what the agents
     in session report."""
@@ -87,6 +99,24 @@ class AgentDirectory:
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
             self._token_keys.pop(node, None)
+
+    def in_session(self, node: str) -> bool:
+        """Whether the agent of `node` keeps a session with the orchestrator now."""
+        return node in self._sessions
+
+    async def statuses(self, addresses: Sequence[str]) -> dict[str, StatusResponse | Exception]:
+        """Every agent's answer to Status now (or why it gave none), by address."""
+        unique = list(dict.fromkeys(addresses))
+        answers = await asyncio.gather(
+            *(self.client(a).status(timeout_sec=self.timeout) for a in unique),
+            return_exceptions=True,
+        )
+        out: dict[str, StatusResponse | Exception] = {}
+        for address, answer in zip(unique, answers, strict=True):
+            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                raise answer  # a cancellation, not the agent's answer
+            out[address] = answer
+        return out
 
     def token_key(self, node: str) -> bytes:
         """The key the agent of `node` (a node name, or the address of an agent in

@@ -17,7 +17,7 @@ from timeslice.fencing import KEY_BYTES
 from timeslice.ids import check_node, parse_target
 from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
-from timeslice.orchestrator.agents import AgentDirectory
+from timeslice.orchestrator.agents import AgentDirectory, KnownAgent
 from timeslice.orchestrator.handoff import Journaled
 
 
@@ -85,3 +85,23 @@ class Membership:
         table = self._journaled.table
         nodes = table.nodes.get(group, ())
         return [(node, self._agents.address(node, table.agents)) for node in nodes]
+
+    def known_agents(self) -> list[KnownAgent]:
+        """Every agent known: registered (journaled), in session now, or named by a
+        group's nodes; a group node that is the address of a named agent counts as
+        that agent. Sorted by node."""
+        table, agents = self._journaled.table, self._agents
+        groups: dict[str, list[str]] = {node: [] for node in (*table.agents, *agents.addresses)}
+        named = {self._agents.address(n, table.agents): n for n in groups}
+        for group, nodes in table.nodes.items():
+            for node in nodes:
+                groups.setdefault(named.get(node, node), []).append(group)
+        return [
+            KnownAgent(
+                node=node,
+                address=agents.address(node, table.agents),
+                in_session=agents.in_session(node),
+                groups=tuple(sorted(set(member_of))),
+            )
+            for node, member_of in sorted(groups.items())
+        ]

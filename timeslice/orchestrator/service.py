@@ -33,7 +33,13 @@ from timeslice.api.backend_config import backend_of
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import CallGate, Encoded, edge_mapping
-from timeslice.errors import InvalidArgumentError, PermissionDeniedError, ResourceExhaustedError
+from timeslice.client.agent_types import StatusResponse
+from timeslice.errors import (
+    InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    TimeSliceError,
+)
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
@@ -46,6 +52,7 @@ from timeslice.orchestrator.state import LockTable
 from timeslice.orchestrator.watches import Notice, Render, Watch
 from timeslice.security.callers import Caller, authorize
 from timeslice.security.principals import Role, Verb
+from timeslice.versions import package_version
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +341,30 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     # --- encoding ---------------------------------------------------------------------
 
+    async def list_agents(self, message: pb.ListAgentsRequest) -> pb.ListAgentsResponse:
+        sees = _groups_seen(authorize(Verb.STATUS))
+        known = [
+            a
+            for a in self.orch.membership.known_agents()
+            if sees is None or any(sees(g) for g in a.groups)
+        ]
+        answers = await self.orch.agents.statuses([a.address for a in known if a.address])
+        agents = []
+        for a in known:
+            answer = answers.get(a.address) if a.address else None
+            agent = pb.KnownAgent(
+                node=a.node,
+                address=a.address or "",
+                in_session=a.in_session,
+                groups=list(a.groups),
+            )
+            if isinstance(answer, StatusResponse):
+                agent.reachable, agent.version = True, answer.version
+            elif answer is not None:
+                agent.error = _why(answer)
+            agents.append(agent)
+        return pb.ListAgentsResponse(agents=agents, version=package_version())
+
     def _status(self, g: Group) -> pb.GroupStatus:
         return pb.GroupStatus(
             group_id=g.name,
@@ -436,6 +467,17 @@ def _refusal_logged(verb: Verb, caller: Caller) -> Iterator[None]:
     except PermissionDeniedError as exc:
         log.warning("refused %s by %s from %s: %s", verb, caller.who, caller.peer, exc)
         raise
+
+
+# The most of an agent's error a ListAgents answer repeats.
+_MAX_ERROR_CHARS = 300
+
+
+def _why(error: Exception) -> str:
+    """An agent's failure to answer, in one bounded line."""
+    text = error.message if isinstance(error, TimeSliceError) else str(error)
+    text = " ".join((text or type(error).__name__).split())
+    return text[:_MAX_ERROR_CHARS]
 
 
 def _name(caller: Caller) -> str:

@@ -778,6 +778,11 @@ class StatusResponse(betterproto2.Message):
 
     node_name: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
 
+    version: "str" = betterproto2.field(101, betterproto2.TYPE_STRING)
+    """
+    The agent's version (its package's).
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "StatusResponse", StatusResponse

@@ -17,7 +17,10 @@ __all__ = (
     "GroupStatusState",
     "KeepAliveRequest",
     "KeepAliveResponse",
+    "KnownAgent",
     "Lease",
+    "ListAgentsRequest",
+    "ListAgentsResponse",
     "ListGroupsRequest",
     "ListGroupsResponse",
     "QuarantinedJob",
@@ -546,6 +549,49 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class KnownAgent(betterproto2.Message):
+    node: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The node's name, or the agent's address when a group names it so.
+    """
+
+    address: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Where the orchestrator reaches it; empty: not known (no agent registered).
+    """
+
+    in_session: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    Its session with the orchestrator is open now.
+    """
+
+    groups: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+    """
+    The groups whose nodes include it.
+    """
+
+    reachable: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    It answered a Status call just now.
+    """
+
+    version: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Its version, as it answered ("" when it did not, or too old to say).
+    """
+
+    error: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    Why it did not answer (empty when it did).
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "KnownAgent", KnownAgent
+)
+
+
+@dataclass(eq=False, repr=False)
 class Lease(betterproto2.Message):
     """
     A holder's lease. ttl_ms = 0 means it never expires by silence.
@@ -564,6 +610,33 @@ class Lease(betterproto2.Message):
 
 
 default_message_pool.register_message("timeslice_orchestrator.v1alpha1", "Lease", Lease)
+
+
+@dataclass(eq=False, repr=False)
+class ListAgentsRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "ListAgentsRequest", ListAgentsRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ListAgentsResponse(betterproto2.Message):
+    agents: "list[KnownAgent]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    version: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The orchestrator's own version.
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "ListAgentsResponse", ListAgentsResponse
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -1050,6 +1123,32 @@ class TimeSliceOrchestratorServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_agents(
+        self,
+        message: "ListAgentsRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListAgentsResponse":
+        """
+        Every agent the orchestrator knows (in session, registered, or named by a
+        group's nodes), each asked for its Status just now, and the orchestrator's
+        own version: what `timeslice inspect` checks.
+        """
+
+        if message is None:
+            message = ListAgentsRequest()
+
+        return await self._unary_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/ListAgents",
+            message,
+            ListAgentsResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 from ...google import protobuf as __google__protobuf__
 from ...snapshot_agent import v1alpha1 as __snapshot_agent__v1alpha1__
@@ -1149,6 +1248,15 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def list_agents(self, message: "ListAgentsRequest") -> "ListAgentsResponse":
+        """
+        Every agent the orchestrator knows (in session, registered, or named by a
+        group's nodes), each asked for its Status just now, and the orchestrator's
+        own version: what `timeslice inspect` checks.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_acquire(
         self, stream: "grpclib.server.Stream[AcquireRequest, AcquireResponse]"
     ) -> None:
@@ -1241,6 +1349,14 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.agent_session(request)
         await stream.send_message(response)
 
+    async def __rpc_list_agents(
+        self, stream: "grpclib.server.Stream[ListAgentsRequest, ListAgentsResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_agents(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire": grpclib.const.Handler(
@@ -1308,5 +1424,11 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.STREAM_UNARY,
                 AgentReport,
                 AgentSessionEnd,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/ListAgents": grpclib.const.Handler(
+                self.__rpc_list_agents,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListAgentsRequest,
+                ListAgentsResponse,
             ),
         }

@@ -112,13 +112,15 @@ def formatter(log_format: str) -> logging.Formatter:
 
 
 def setup_logging(level: str, log_format: str = "text", stream: TextIO | None = None) -> None:
-    """Send every record at `level` and above to `stream` (stderr) in `log_format`,
-    replacing the root logger's handlers (a server's whole process logs one way)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(formatter(log_format))
+    """Send every record at `level` and above to `stream` (stderr) in `log_format`:
+    the whole process logs one way. As `logging.basicConfig`, it leaves a root
+    logger that has handlers already (a program's, a test runner's) as it is."""
+    handler_format = formatter(log_format)  # refuses an unknown format first
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(handler_format)
     root.addHandler(handler)
     root.setLevel(level.upper())
 

@@ -33,7 +33,7 @@ from timeslice.cli_credentials import (
 from timeslice.cli_env import EnvCommand, environment_note, given, source_name
 from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
 from timeslice.errors import TimeSliceError
-from timeslice.logs import LOG_FORMATS, LOG_LEVELS
+from timeslice.logs import LOG_FORMATS, LOG_LEVELS, announce
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -288,13 +288,14 @@ def serve_orchestrator(
 
     async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:
-            typer.echo(
+            announce(
                 f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
-                err=True,
+                log_format,
+                address=orch.address,
             )
             await _until_signal_or(orch.wait_stopped())
             if orch.failure is None:
-                typer.echo("shutting down", err=True)
+                announce("shutting down", log_format)
             return orch.failure
 
     listen = _address(config.host, config.port)
@@ -421,13 +422,15 @@ def serve_agent(
         async with Agent(config) as agent:
             backends = ", ".join(sorted(agent.backends)) or "none"
             also = f" and {agent.socket_address}" if agent.socket_address else ""
-            typer.echo(
+            announce(
                 f"timeslice agent {config.node_name} serving on {agent.address}{also} "
                 f"(backends: {backends}; job table: {shown(db)})",
-                err=True,
+                log_format,
+                address=agent.address,
+                node=config.node_name,
             )
             await _until_signal_or(asyncio.Event().wait())
-            typer.echo("shutting down", err=True)
+            announce("shutting down", log_format)
 
     with user_errors(Scope(listen=_address(host, port), urls=[db])):
         anyio.run(serve)

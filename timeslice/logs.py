@@ -138,3 +138,15 @@ def decision_fields(
     token and node it concerns (every decision line has these four keys, "" or
     None when it concerns none), then `more`."""
     return {"decision": decision, "group": group, "job": job, "token": token, "node": node, **more}
+
+
+def announce(message: str, log_format: str, **fields: Any) -> None:
+    """Write a server's own word to whoever reads its stderr ("serving on ...",
+    "shutting down"), at any log level: as it is in text, as a line of the log
+    (logger `timeslice.serve`, INFO) in JSON, so that a pipeline reads every line."""
+    if log_format.lower() == "json":
+        record = logging.LogRecord("timeslice.serve", logging.INFO, __file__, 0, message, (), None)
+        record.__dict__.update(fields)
+        message = JsonFormatter().format(record)
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()

@@ -4,7 +4,6 @@ program embeds, and runs them; nothing here decides anything on its own."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,8 +32,10 @@ from timeslice.cli_credentials import (
     TlsKey,
     Token,
 )
+from timeslice.cli_env import EnvCommand, environment_note, given, source_name
 from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
 from timeslice.errors import TimeSliceError
+from timeslice.logs import LOG_FORMATS, LOG_LEVELS, announce
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,7 +56,10 @@ app.add_typer(serve_app, name="serve")
 LogLevel = Annotated[
     str, typer.Option(help="DEBUG, INFO, WARNING, ERROR or CRITICAL (in any case).")
 ]
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LogFormat = Annotated[
+    str,
+    typer.Option(help="text (for a person) or json (one object per line, for a log pipeline)."),
+]
 
 
 @app.callback()
@@ -74,14 +78,20 @@ def app_options(
     debugging.set(debug)
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(ctx: typer.Context, level: str, log_format: str) -> None:
     if level.upper() not in LOG_LEVELS:
         raise typer.BadParameter(
-            f"--log-level: unknown level {level!r}; use one of {', '.join(LOG_LEVELS)}"
+            f"{source_name(ctx, 'log_level', '--log-level')}: unknown level {level!r};"
+            f" use one of {', '.join(LOG_LEVELS)}"
         )
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if log_format.lower() not in LOG_FORMATS:
+        raise typer.BadParameter(
+            f"{source_name(ctx, 'log_format', '--log-format')}: unknown format"
+            f" {log_format!r}; use one of {', '.join(LOG_FORMATS)}"
+        )
+    from timeslice.logs import setup_logging
+
+    setup_logging(level.upper(), log_format.lower())
 
 
 def _address(host: str, port: int) -> str:
@@ -116,7 +126,7 @@ def _parse_limits(values: list[str]) -> dict[str, float | None]:
     return limits
 
 
-@serve_app.command("orchestrator")
+@serve_app.command("orchestrator", cls=EnvCommand)
 def serve_orchestrator(
     ctx: typer.Context,
     config_file: Annotated[
@@ -204,6 +214,7 @@ def serve_orchestrator(
     agent_tls_cert: AgentTlsCert = None,
     agent_tls_key: AgentTlsKey = None,
     log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -245,7 +256,7 @@ def serve_orchestrator(
         "max_waiters_per_group",
     }
     with user_errors(Scope(urls=[db])):
-        _setup_logging(log_level)
+        _setup_logging(ctx, log_level, log_format)
         # A bad certificate, key or auth file: one line, exit 1.
         security = serve_security(
             tls_cert=tls_cert,
@@ -261,30 +272,31 @@ def serve_orchestrator(
         try:
             values = read_orchestrator_config(config_file) if config_file else {}
             for name, (field_name, value) in options.items():
-                given = getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
-                if not given and name in config_defaults:
+                # file < environment < command line
+                if not given(ctx, name) and name in config_defaults:
                     continue
-                if given or field_name not in values:
+                if given(ctx, name) or field_name not in values:
                     values[field_name] = value
             if values.get("db") == "memory":
                 values["db"] = None
             values.update(security)
             config = OrchestratorConfig(**values)
         except TimeSliceError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None
     journal = shown(config.db) if config.db else "memory"
 
     tune_gc_for_serving()
 
     async def serve() -> BaseException | None:
         async with Orchestrator(config) as orch:
-            typer.echo(
+            announce(
                 f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
-                err=True,
+                log_format,
+                address=orch.address,
             )
             await _until_signal_or(orch.wait_stopped())
             if orch.failure is None:
-                typer.echo("shutting down", err=True)
+                announce("shutting down", log_format)
             return orch.failure
 
     listen = _address(config.host, config.port)
@@ -294,14 +306,19 @@ def serve_orchestrator(
             raise CommandError(f"the orchestrator stopped: {failure}") from failure
 
 
-@serve_app.command("agent")
+@serve_app.command("agent", cls=EnvCommand)
 def serve_agent(
+    ctx: typer.Context,
     host: Annotated[
         str, typer.Option(help="Address to listen on (it can touch other processes' memory).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 9001,
     node_name: Annotated[
-        str | None, typer.Option(help="This node's name (default: the host name).")
+        str | None,
+        typer.Option(
+            envvar="NODE_NAME",
+            help="This node's name (default: $NODE_NAME, else the host name).",
+        ),
     ] = None,
     db: Annotated[
         str,
@@ -352,6 +369,7 @@ def serve_agent(
     orchestrator_tls_cert: OrchestratorTlsCert = None,
     orchestrator_tls_key: OrchestratorTlsKey = None,
     log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts).
 
@@ -367,7 +385,7 @@ def serve_agent(
     )
 
     with user_errors(Scope(urls=[db])):
-        _setup_logging(log_level)
+        _setup_logging(ctx, log_level, log_format)
         # A bad certificate, key or auth file: one line, exit 1.
         security = serve_security(
             tls_cert=tls_cert,
@@ -399,19 +417,21 @@ def serve_agent(
                 app_endpoint_allow=tuple(app_endpoint_allow or ()),
             )
         except TimeSliceError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None
 
     async def serve() -> None:
         async with Agent(config) as agent:
             backends = ", ".join(sorted(agent.backends)) or "none"
             also = f" and {agent.socket_address}" if agent.socket_address else ""
-            typer.echo(
+            announce(
                 f"timeslice agent {config.node_name} serving on {agent.address}{also} "
                 f"(backends: {backends}; job table: {shown(db)})",
-                err=True,
+                log_format,
+                address=agent.address,
+                node=config.node_name,
             )
             await _until_signal_or(asyncio.Event().wait())
-            typer.echo("shutting down", err=True)
+            announce("shutting down", log_format)
 
     with user_errors(Scope(listen=_address(host, port), urls=[db])):
         anyio.run(serve)

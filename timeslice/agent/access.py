@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from timeslice.errors import NotFoundError, PermissionDeniedError
-from timeslice.security.callers import CURRENT, Caller, authorize
+from timeslice.security.callers import CURRENT, Caller, authorize, refusal_fields
 from timeslice.security.principals import AuthPolicy, Role, Verb
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,10 @@ ORCHESTRATOR_VERBS: Final = frozenset({Verb.SWITCH, Verb.RESET_JOB})
 
 def refused(caller: Caller, verb: Verb, message: str) -> PermissionDeniedError:
     """A refusal, logged with the caller."""
-    log.warning("refused %s by %s from %s: %s", verb, caller.who, caller.peer, message)
+    fields = refusal_fields(verb, caller)
+    log.warning(
+        "refused %s by %s from %s: %s", verb, caller.who, caller.peer, message, extra=fields
+    )
     return PermissionDeniedError(message)
 
 

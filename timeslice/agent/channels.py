@@ -22,6 +22,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
+from timeslice.agent.oplog import channel_closed, channel_opened
 from timeslice.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -144,9 +145,10 @@ class WorkloadChannel:
 class WorkloadChannels:
     """The open channels, by (group, job)."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str = "") -> None:
         self._channels: dict[tuple[str, str], WorkloadChannel] = {}
         self._ids = itertools.count(1)
+        self._node = node  # for the log lines
 
     def check_attach(self, channel: WorkloadChannel, recorded: str = "") -> None:
         """Refuse `channel` (PERMISSION_DENIED) if the job's open channel, or with none
@@ -168,6 +170,13 @@ class WorkloadChannels:
         key = (channel.group, channel.job)
         older = self._channels.get(key)
         self._channels[key] = channel
+        channel_opened(
+            group=channel.group,
+            job=channel.job,
+            owner=channel.owner,
+            peer=channel.peer,
+            node=self._node,
+        )
         if older is not None:
             reason = (
                 f"replaced by a newer registration of the same job ({channel.peer or 'anonymous'})"
@@ -177,12 +186,24 @@ class WorkloadChannels:
                 f" {channel.job}"
             )
             older.close(reason)
+            self._closed(older)
+
+    def _closed(self, channel: WorkloadChannel) -> None:
+        channel_closed(
+            group=channel.group,
+            job=channel.job,
+            owner=channel.owner,
+            peer=channel.peer,
+            node=self._node,
+            reason=channel.closed,
+        )
 
     def detach(self, channel: WorkloadChannel) -> bool:
         """Forget `channel`; True if it was still the job's current one."""
         key = (channel.group, channel.job)
         if self._channels.get(key) is channel:
             del self._channels[key]
+            self._closed(channel)
             return True
         return False
 
@@ -215,4 +236,5 @@ class WorkloadChannels:
     def close_all(self, reason: str) -> None:
         for channel in list(self._channels.values()):
             channel.close(reason)
+            self._closed(channel)
         self._channels.clear()

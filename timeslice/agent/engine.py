@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from timeslice.agent import state as st
+from timeslice.agent.oplog import operation_ended, operation_started
 from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.backends import Backend, JobRef
@@ -40,8 +41,10 @@ class AgentEngine:
         store: StateStore,
         backend: Callable[[str], Backend],
         retention: float,
+        node: str = "",
     ) -> None:
         self.table = table
+        self._node = node  # for the log lines
         self._store = store
         self._backend = backend
         self._retention = retention
@@ -132,11 +135,14 @@ class AgentEngine:
         for effect in effects:
             match effect:
                 case st.Run(op_id=op_id):
+                    operation_started(self.table.operations[op_id], self._node)
                     self._tasks[op_id] = self._spawn(self._run(op_id))
                 case st.Cancel(op_id=op_id):
                     if (task := self._tasks.pop(op_id, None)) is not None:
                         task.cancel()
                 case st.Done(op_id=op_id):
+                    if (op := self.table.operations.get(op_id)) is not None:
+                        operation_ended(op, self._node)
                     if (event := self._done.pop(op_id, None)) is not None:
                         event.set()
                 case st.Reconcile(group=group, job=job):

@@ -61,12 +61,16 @@ class Agent:
         if config is not None and options:
             raise TypeError("pass either a config or options, not both")
         self.config = config or AgentConfig(**options)
-        self.channels = WorkloadChannels()
+        self.channels = WorkloadChannels(self.config.node_name)
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}  # backend name -> why it cannot serve
         self._store = StateStore(self.config.db)
         self.engine = AgentEngine(
-            self._new_table(), self._store, self._backend, self.config.operation_retention
+            self._new_table(),
+            self._store,
+            self._backend,
+            self.config.operation_retention,
+            self.config.node_name,
         )
         self._server: GrpcServer | None = None
         self._unix_server: GrpcServer | None = None

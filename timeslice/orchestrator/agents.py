@@ -21,6 +21,7 @@ from timeslice.client.agent_types import StatusResponse
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
 from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
+from timeslice.orchestrator.decisions import agent_joined, agent_lost
 from timeslice.security.tls import ClientTls
 
 # How long a status question to one agent may take before it counts as unreachable.
@@ -82,6 +83,8 @@ class AgentDirectory:
     ) -> None:
         """An agent in `session` reported its jobs (and its accelerators: id -> bytes,
         and the key it checks the tokens of switches with)."""
+        if self._sessions.get(node) is not session or self.addresses.get(node) != address:
+            agent_joined(node, address)
         self._sessions[node] = session
         self._token_keys[node] = token_key
         self.addresses[node] = address
@@ -95,7 +98,7 @@ class AgentDirectory:
         session of the same node took over)."""
         if self._sessions.get(node) is session:
             del self._sessions[node]
-            self.addresses.pop(node, None)
+            agent_lost(node, self.addresses.pop(node, ""))
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
             self._token_keys.pop(node, None)

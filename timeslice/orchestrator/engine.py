@@ -73,6 +73,8 @@ class JournalEngine:
         self._stopped = False
         #: Why the engine stopped on its own (a journal write failed), if it did.
         self.failure: BaseException | None = None
+        #: Told each event with its effects once they are acted on (logs, metrics).
+        self.observers: list[Callable[[Event, list[Effect]], None]] = []
 
     def apply(self, event: Event) -> asyncio.Future[list[Effect]]:
         """Handle `event` now; the future resolves once it is durable and acted on.
@@ -87,9 +89,17 @@ class JournalEngine:
                 self._flusher = asyncio.get_running_loop().create_task(self._flush())
         else:
             self._act(effects)
+            self._observe(event, effects)
             done.set_result(effects)
         self._rearm()
         return done
+
+    def _observe(self, event: Event, effects: list[Effect]) -> None:
+        for observe in self.observers:
+            try:
+                observe(event, effects)
+            except Exception:  # an observer's fault must not stop the decisions
+                log.exception("an observer of %s failed", type(event).__name__)
 
     def closing(self) -> None:
         """Set no timer from now on (one set already still runs)."""
@@ -115,8 +125,9 @@ class JournalEngine:
                 if self.failure is not None:  # the journal's claim was lost meanwhile
                     self.fail(self.failure, "journal write failed", batch)
                     return
-                for _, effects, done in batch:
+                for event, effects, done in batch:
                     self._act(effects)
+                    self._observe(event, effects)
                     if not done.done():
                         done.set_result(effects)
                 self._since_snapshot += len(batch)

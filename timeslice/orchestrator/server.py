@@ -37,6 +37,7 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.calls import Call, WaitingCalls, left_queue_error, rollback
 from timeslice.orchestrator.config import OrchestratorConfig, settings_events
+from timeslice.orchestrator.decisions import DecisionLog
 from timeslice.orchestrator.engine import JournalEngine, fold
 from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.handoff import HandoffDriver
@@ -195,9 +196,13 @@ class Orchestrator:
             len(loaded.tail),
             len(table.groups),
         )
-        return JournalEngine(
+        engine = JournalEngine(
             table, journal, self._act, self._engine_failed, self.config.snapshot_every
         )
+        engine.observers.append(
+            DecisionLog(lambda group: engine.table.nodes.get(group, ())).observe
+        )
+        return engine
 
     async def _begin_epoch(self) -> None:
         now = time.time()

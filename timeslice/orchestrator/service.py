@@ -50,7 +50,7 @@ from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group, GroupState
 from timeslice.orchestrator.state import LockTable
 from timeslice.orchestrator.watches import Notice, Render, Watch
-from timeslice.security.callers import Caller, authorize
+from timeslice.security.callers import Caller, authorize, operator_fields, refusal_fields
 from timeslice.security.principals import Role, Verb
 from timeslice.versions import package_version
 
@@ -135,7 +135,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
         groups = [message.group_id, *message.more_group_ids]
         callers = [authorize(Verb.ACQUIRE, job=message.job_id, group=g) for g in groups]
-        with _refusal_logged(Verb.ACQUIRE, callers[0]):
+        with _refusal_logged(Verb.ACQUIRE, callers[0], message.group_id, message.job_id):
             grants = await self.orch.acquire_groups(
                 groups,
                 message.job_id,
@@ -167,7 +167,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:
         caller = authorize(Verb.YIELD, job=message.job_id, group=message.group_id)
-        with _refusal_logged(Verb.YIELD, caller):
+        with _refusal_logged(Verb.YIELD, caller, message.group_id, message.job_id):
             answer = await self.orch.yield_(
                 message.group_id,
                 message.job_id,
@@ -210,7 +210,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
         caller = authorize(Verb.KEEP_ALIVE, job=message.job_id, group=message.group_id)
-        with _refusal_logged(Verb.KEEP_ALIVE, caller):
+        with _refusal_logged(Verb.KEEP_ALIVE, caller, message.group_id, message.job_id):
             renewed = await self.orch.keep_alive(
                 message.group_id, message.job_id, message.lease_id, principal=_name(caller)
             )
@@ -267,6 +267,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             revoked.job,
             message.reason,
             granted.job if granted else "nobody",
+            extra=operator_fields(
+                "force-release",
+                caller,
+                group=message.group_id,
+                job=revoked.job,
+                token=revoked.token,
+                reason=message.reason,
+                next_job=granted.job if granted else "",
+            ),
         )
         return pb.ForceReleaseResponse(
             released_job_id=revoked.job, next_job_id=granted.job if granted else ""
@@ -298,6 +307,13 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             message.job_id,
             message.group_id,
             "was quarantined" if was else "was not quarantined",
+            extra=operator_fields(
+                "reset-job",
+                caller,
+                group=message.group_id,
+                job=message.job_id,
+                was_quarantined=was,
+            ),
         )
         return pb.ResetJobResponse(was_quarantined=was)
 
@@ -310,6 +326,9 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             caller.who,
             message.group_id,
             ", ".join(nodes) or "none",
+            extra=operator_fields(
+                "set-group-nodes", caller, group=message.group_id, node=",".join(nodes)
+            ),
         )
         return pb.SetGroupNodesResponse()
 
@@ -459,13 +478,20 @@ def _groups_seen(caller: Caller) -> _Sees | None:
 
 
 @contextmanager
-def _refusal_logged(verb: Verb, caller: Caller) -> Iterator[None]:
+def _refusal_logged(verb: Verb, caller: Caller, group: str, job: str) -> Iterator[None]:
     """Log what the table refuses for want of ownership (a grant acquired by another
     principal, a yield of a grant not held), as `authorize` logs its refusals."""
     try:
         yield
     except PermissionDeniedError as exc:
-        log.warning("refused %s by %s from %s: %s", verb, caller.who, caller.peer, exc)
+        log.warning(
+            "refused %s by %s from %s: %s",
+            verb,
+            caller.who,
+            caller.peer,
+            exc,
+            extra=refusal_fields(verb, caller, group=group, job=job),
+        )
         raise
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from timeslice.errors import PermissionDeniedError, UnauthenticatedError
+from timeslice.logs import decision_fields
 from timeslice.security.principals import AuthPolicy, Principal, Role, Verb, check, subject_of
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,12 @@ class Authenticator:
         if token is not None:
             principal = self.policy.by_token(token)
             if principal is None:
-                log.warning("%s refused a call from %s: unknown token", self.what, where)
+                log.warning(
+                    "%s refused a call from %s: unknown token",
+                    self.what,
+                    where,
+                    extra=decision_fields("refused", principal="unknown token", peer=where),
+                )
                 raise UnauthenticatedError("the token is not known to this server")
         elif subject:
             principal = self.policy.by_subject(subject)
@@ -119,6 +125,9 @@ class Authenticator:
                     self.what,
                     where,
                     subject,
+                    extra=decision_fields(
+                        "refused", principal=f"certificate {subject}", peer=where
+                    ),
                 )
                 raise UnauthenticatedError(f"the certificate subject {subject} names no principal")
         return Caller(
@@ -138,16 +147,60 @@ def authorize(verb: Verb, *, job: str = "", group: str = "", node: str = "") -> 
     if not caller.auth_required:
         return caller
     if caller.principal is None:
-        log.warning("refused %s by %s: no credentials", verb, caller.who)
+        fields = refusal_fields(verb, caller, group=group, job=job, node=node)
+        log.warning("refused %s by %s: no credentials", verb, caller.who, extra=fields)
         raise UnauthenticatedError(
             "this server needs credentials: a bearer token or a client certificate"
         )
     try:
         check(caller.principal, verb, job=job, group=group, node=node)
     except PermissionDeniedError as exc:
-        log.warning("refused %s by %s from %s: %s", verb, caller.who, caller.peer, exc)
+        fields = refusal_fields(verb, caller, group=group, job=job, node=node)
+        log.warning(
+            "refused %s by %s from %s: %s", verb, caller.who, caller.peer, exc, extra=fields
+        )
         raise
     return caller
+
+
+def refusal_fields(
+    verb: str, caller: Caller, *, group: str = "", job: str = "", node: str = ""
+) -> dict[str, Any]:
+    """The fields of a refusal's log line: what was refused, of whom, and from where."""
+    return decision_fields(
+        "refused",
+        group=group,
+        job=job,
+        node=node,
+        verb=str(verb),
+        principal=caller.who,
+        peer=caller.peer,
+    )
+
+
+def operator_fields(
+    action: str,
+    caller: Caller,
+    *,
+    group: str = "",
+    job: str = "",
+    token: int | None = None,
+    node: str = "",
+    **more: Any,
+) -> dict[str, Any]:
+    """The fields of an operator action's log line (`action`: force-release, reset-job,
+    set-group-nodes), with the principal that took it."""
+    return decision_fields(
+        "operator",
+        group=group,
+        job=job,
+        token=token,
+        node=node,
+        action=action,
+        principal=caller.who,
+        peer=caller.peer,
+        **more,
+    )
 
 
 def _bearer_token(metadata: Mapping[str, Any] | None) -> str | None:

@@ -342,6 +342,13 @@ def serve_agent(
             " not) that the app_endpoint backend may call; repeatable."
         ),
     ] = None,
+    cgroup_root: Annotated[
+        str,
+        typer.Option(
+            help="Where the node's cgroups are mounted: the cuda backend finds the"
+            " processes of a target that names a pod there."
+        ),
+    ] = "/sys/fs/cgroup",
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
@@ -396,6 +403,7 @@ def serve_agent(
                 groups=tuple(group or ()),
                 socket=socket_path,
                 app_endpoint_allow=tuple(app_endpoint_allow or ()),
+                cgroup_root=cgroup_root,
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(str(exc)) from None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.backends._cgroups import CgroupLimits, check_pod_uid, pod_pids
+from timeslice.backends._cgroups import CgroupLimits, pod_pids
+from timeslice.ids import check_pod_uid
 from timeslice.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 
 UID = "0d5b7c1e-3f2a-4b6c-9d8e-1a2b3c4d5e6f"

@@ -11,7 +11,7 @@ import betterproto2
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
-from timeslice.backends._cgroups import check_pod_uid
+from timeslice.ids import check_pod_uid
 from timeslice.errors import ConflictError, InvalidArgumentError, PermissionDeniedError
 
 MODE_NAME: Final = {

@@ -24,16 +24,14 @@ next directory relative to the one before it, with `O_NOFOLLOW`).
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from typing import Final
 
 from timeslice.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from timeslice.ids import check_pod_uid
 
 DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
-# A pod's metadata.uid: a UUID, or a static pod's hash (hex digits).
-_POD_UID: Final = re.compile(r"[0-9a-f][0-9a-f-]{7,63}\Z")
 # The v1 hierarchies read when the root is not itself one with pods (v2's).
 _V1_HIERARCHIES: Final = ("memory", "cpu,cpuacct", "cpuacct,cpu", "pids")
 _QOS: Final = ("", "burstable", "besteffort")
@@ -53,15 +51,6 @@ class CgroupLimits:
     # Bytes read of one cgroup.procs, and process ids in all of them.
     max_procs_bytes: int = 256 * 1024
     max_pids: int = 4096
-
-
-def check_pod_uid(uid: object) -> str:
-    """`uid` if it is a pod uid (lower-case hex digits and dashes, 8 to 64)."""
-    if not isinstance(uid, str) or not _POD_UID.match(uid):
-        raise InvalidArgumentError(
-            "pod_uid must be a pod's metadata.uid (lower-case hex digits and '-', 8 to 64)"
-        )
-    return uid
 
 
 def pod_directories(uid: str) -> list[str]:

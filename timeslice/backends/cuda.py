@@ -58,10 +58,11 @@ from typing import Any, Final
 
 from timeslice.backends import AcceleratorMemory, BackendContext, JobRef, Moved
 from timeslice.backends import _cuda_driver as drv
-from timeslice.backends._cgroups import check_pod_uid, pod_pids
+from timeslice.backends._cgroups import pod_pids
 from timeslice.backends._cuda_limits import Budget, CudaTimeouts, DeviceLocks, DriverThreads
 from timeslice.backends._cuda_nvml import Nvml, Usage
 from timeslice.backends._processes import pid_exists
+from timeslice.ids import check_pod_uid
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,

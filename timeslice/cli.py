@@ -194,6 +194,22 @@ def serve_orchestrator(
     max_waiters_per_group: Annotated[
         int | None, typer.Option(help="Jobs waiting for one group at most (default 10000).")
     ] = None,
+    kubernetes: Annotated[
+        bool,
+        typer.Option(
+            "--kubernetes",
+            help="Learn groups and their nodes from node labels group.timeslice.io/GROUP=true,"
+            " and jobs from pod labels timeslice.io/job-id and timeslice.io/group"
+            " (needs timeslice[kubernetes]).",
+        ),
+    ] = False,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            help="With --kubernetes: reach the cluster through this kubeconfig file"
+            " (default: the pod's in-cluster service account)."
+        ),
+    ] = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
@@ -233,6 +249,8 @@ def serve_orchestrator(
         "max_watchers": ("max_watchers", max_watchers),
         "max_groups": ("max_groups", max_groups),
         "max_waiters_per_group": ("max_waiters_per_group", max_waiters_per_group),
+        "kubernetes": ("kubernetes", kubernetes),
+        "kubeconfig": ("kubeconfig", kubeconfig),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -242,6 +260,8 @@ def serve_orchestrator(
         "max_watchers",
         "max_groups",
         "max_waiters_per_group",
+        "kubernetes",
+        "kubeconfig",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)

@@ -96,13 +96,13 @@ Action = SetNodes | SetPod
 def node_info(obj: Mapping[str, Any]) -> NodeInfo:
     """A Node object's name and groups; InvalidArgumentError for one discovery
     cannot use (a bad name, a group label that is not `true` or names a bad id)."""
-    metadata = _mapping(obj.get("metadata"), "a node's metadata")
+    metadata = mapping(obj.get("metadata"), "a node's metadata")
     name = metadata.get("name")
     if not isinstance(name, str):
         raise InvalidArgumentError("a node has no name")
     check_node(name)
     groups = set()
-    for key, value in _mapping(metadata.get("labels") or {}, "a node's labels").items():
+    for key, value in mapping(metadata.get("labels") or {}, "a node's labels").items():
         if isinstance(key, str) and key.startswith(NODE_GROUP_PREFIX) and value == "true":
             group = key.removeprefix(NODE_GROUP_PREFIX)
             check_id("group", group)
@@ -114,13 +114,13 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo | None:
     """A Pod object as discovery sees it: None when it is not a job's now (not both
     labels, not scheduled, finished); InvalidArgumentError when its labels or uid
     are not what ids may be."""
-    metadata = _mapping(obj.get("metadata"), "a pod's metadata")
-    labels = _mapping(metadata.get("labels") or {}, "a pod's labels")
+    metadata = mapping(obj.get("metadata"), "a pod's metadata")
+    labels = mapping(metadata.get("labels") or {}, "a pod's labels")
     job, group = labels.get(JOB_LABEL), labels.get(GROUP_LABEL)
     if not isinstance(job, str) or not isinstance(group, str) or not job or not group:
         return None
-    node = _mapping(obj.get("spec") or {}, "a pod's spec").get("nodeName")
-    phase = _mapping(obj.get("status") or {}, "a pod's status").get("phase")
+    node = mapping(obj.get("spec") or {}, "a pod's spec").get("nodeName")
+    phase = mapping(obj.get("status") or {}, "a pod's status").get("phase")
     if not isinstance(node, str) or not node or phase in _FINISHED:
         return None
     check_id("job_id", job)
@@ -206,7 +206,8 @@ def discovered_pods(
     return found
 
 
-def _mapping(value: object, what: str) -> Mapping[str, Any]:
+def mapping(value: object, what: str) -> Mapping[str, Any]:
+    """`value` if it is a JSON object; InvalidArgumentError naming `what` if not."""
     if not isinstance(value, Mapping):
         raise InvalidArgumentError(f"{what} is not an object")
     return value

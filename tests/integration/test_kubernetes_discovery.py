@@ -14,6 +14,7 @@ import pytest
 from tests.fakes.fake_kubernetes import FakeKubernetes
 from tests.optional import need
 from tests.waiting import until
+from timeslice.errors import InvalidArgumentError
 from timeslice.orchestrator.discovery import pod_backend
 from timeslice.orchestrator.kubernetes import DiscoveryLimits
 from timeslice.orchestrator.server import Orchestrator
@@ -125,3 +126,15 @@ async def test_the_api_server_going_away_and_back(kube: FakeKubernetes, orch: Or
     await kube.start()
     await until(lambda: nodes_of(orch, "g") == ("n1", "n2"), "n2 in g", timeout=3)
     await until(lambda: pod_of(orch, "trainer", "n2") is not None, "trainer registered", timeout=3)
+
+
+async def test_a_bad_configuration_fails_the_start(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="no such file"):
+        async with Orchestrator(kubernetes=True, kubeconfig=str(tmp_path / "missing")):
+            pass
+    (tmp_path / "bad").write_text("{}")
+    with pytest.raises(InvalidArgumentError, match="kubernetes configuration from"):
+        async with Orchestrator(kubernetes=True, kubeconfig=str(tmp_path / "bad")):
+            pass
+    with pytest.raises(InvalidArgumentError, match="only with kubernetes"):
+        Orchestrator(kubeconfig=str(tmp_path / "bad"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -160,6 +161,8 @@ class KubernetesDiscovery:
                 f"--kubernetes needs the kubernetes client ({exc}): pip install 'timeslice[kubernetes]'"
             ) from None
         configuration = client.Configuration()
+        if self.kubeconfig is not None and not os.path.isfile(self.kubeconfig):
+            raise InvalidArgumentError(f"kubeconfig {self.kubeconfig}: no such file")
         try:
             if self.kubeconfig is not None:
                 await config.load_kube_config(

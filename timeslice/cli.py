@@ -205,6 +205,22 @@ def serve_orchestrator(
     max_waiters_per_group: Annotated[
         int | None, typer.Option(help="Jobs waiting for one group at most (default 10000).")
     ] = None,
+    kubernetes: Annotated[
+        bool,
+        typer.Option(
+            "--kubernetes",
+            help="Learn groups and their nodes from node labels group.timeslice.io/GROUP=true,"
+            " and jobs from pod labels timeslice.io/job-id and timeslice.io/group"
+            " (needs timeslice[kubernetes]).",
+        ),
+    ] = False,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            help="With --kubernetes: reach the cluster through this kubeconfig file"
+            " (default: the pod's in-cluster service account)."
+        ),
+    ] = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
@@ -245,6 +261,8 @@ def serve_orchestrator(
         "max_watchers": ("max_watchers", max_watchers),
         "max_groups": ("max_groups", max_groups),
         "max_waiters_per_group": ("max_waiters_per_group", max_waiters_per_group),
+        "kubernetes": ("kubernetes", kubernetes),
+        "kubeconfig": ("kubeconfig", kubeconfig),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -254,6 +272,8 @@ def serve_orchestrator(
         "max_watchers",
         "max_groups",
         "max_waiters_per_group",
+        "kubernetes",
+        "kubeconfig",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(ctx, log_level, log_format)
@@ -360,6 +380,13 @@ def serve_agent(
             " not) that the app_endpoint backend may call; repeatable."
         ),
     ] = None,
+    cgroup_root: Annotated[
+        str,
+        typer.Option(
+            help="Where the node's cgroups are mounted: the cuda backend finds the"
+            " processes of a target that names a pod there."
+        ),
+    ] = "/sys/fs/cgroup",
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_client_ca: TlsClientCa = None,
@@ -415,6 +442,7 @@ def serve_agent(
                 groups=tuple(group or ()),
                 socket=socket_path,
                 app_endpoint_allow=tuple(app_endpoint_allow or ()),
+                cgroup_root=cgroup_root,
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None

@@ -42,6 +42,20 @@ def check_node(value: str) -> None:
         ) from None
 
 
+# A Kubernetes pod's metadata.uid: a UUID, or a static pod's hash (hex digits).
+_POD_UID: Final = re.compile(r"[0-9a-f][0-9a-f-]{7,63}\Z")
+
+
+def check_pod_uid(uid: object) -> str:
+    """`uid` if it is a pod's uid (lower-case hex digits and dashes, 8 to 64): it
+    becomes part of a cgroup path on the agent, so nothing else may pass."""
+    if not isinstance(uid, str) or not _POD_UID.match(uid):
+        raise InvalidArgumentError(
+            "pod_uid must be a pod's metadata.uid (lower-case hex digits and '-', 8 to 64)"
+        )
+    return uid
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a server listens: a TCP host and port, or a Unix socket path."""

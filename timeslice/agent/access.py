@@ -38,6 +38,14 @@ agent checks its pids as if that principal had named them itself (`registrant`),
 before it first acts on the job. A name the agent's auth file does not have, or
 none (the orchestrator had no auth policy), is an anonymous caller's.
 
+A `cuda` target may name a Kubernetes pod (`pod_uid`) instead of pids; its
+processes are then the pod's (through the node's cgroups), whoever runs them,
+so only a trusted caller (above) may name one, or the orchestrator's own
+discovery from Kubernetes labels: a job it registered comes in an operator's
+`SwitchGroup` with `registered_by` `DISCOVERY_REGISTRANT`, a name that no
+principal of an auth file may have (`timeslice.security.principals`). Anyone
+else naming a pod, or acting on a job known by one, is PERMISSION_DENIED.
+
 A process is a user's when its real, effective and saved uids all are that user's
 (`/proc/<pid>/status`), as the kernel's own rule for tracing it.
 """

@@ -72,6 +72,9 @@ class AgentConfig:
     # URL prefixes beyond loopback that the app_endpoint backend may call
     # (`--app-endpoint-allow`; see `timeslice.backends.endpoints`).
     app_endpoint_allow: tuple[str, ...] = ()
+    # Where the node's cgroups are mounted (`--cgroup-root`): the cuda backend finds
+    # a pod's processes there (see `timeslice.backends._cgroups`).
+    cgroup_root: str = "/sys/fs/cgroup"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -99,4 +102,6 @@ class AgentConfig:
             raise InvalidArgumentError("max_jobs must be positive")
         if self.socket is not None:
             check_socket_path(self.socket)
+        if not self.cgroup_root.startswith("/"):
+            raise InvalidArgumentError("cgroup_root must be an absolute path")
         object.__setattr__(self, "app_endpoint_allow", normalize_prefixes(self.app_endpoint_allow))

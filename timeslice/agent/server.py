@@ -203,7 +203,11 @@ class Agent:
         for name in names:
             options = self.config.backend_options.get(name, {})
             context = BackendContext(
-                self.config.node_name, self.channels, options, self.config.app_endpoint_allow
+                self.config.node_name,
+                self.channels,
+                options,
+                self.config.app_endpoint_allow,
+                cgroup_root=self.config.cgroup_root,
             )
             try:
                 self.backends[name] = load_backend(name)(context)

@@ -43,7 +43,7 @@ from timeslice.errors import InvalidArgumentError, NotFoundError, PermissionDeni
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness, OpKind
 from timeslice.security.callers import Caller
-from timeslice.security.principals import Role, Verb
+from timeslice.security.principals import DISCOVERY_REGISTRANT, Role, Verb
 from timeslice.versions import package_version
 
 
@@ -276,8 +276,11 @@ class AgentService(pb.SnapshotAgentServiceBase):
         if job.registered_by:
             check_id("registered_by", job.registered_by)
         caller = registrant(self.agent.gate.authenticator.policy, job.registered_by)
+        # The orchestrator's own discovery (this SwitchGroup is an operator's) may
+        # name a pod; no caller's principal has that name.
+        discovered = job.registered_by == DISCOVERY_REGISTRANT
         try:
-            self._check_owned(caller, group, job.job_id, backend, config)
+            self._check_owned(caller, group, job.job_id, backend, config, may_name_pod=discovered)
         except PermissionDeniedError as exc:
             return exc.message
         except NotFoundError:
@@ -291,15 +294,24 @@ class AgentService(pb.SnapshotAgentServiceBase):
         job: str,
         backend: str | None,
         config: dict[str, object] | None,
+        *,
+        may_name_pod: bool = False,
     ) -> None:
         """Refuse an operation on what the caller's user does not own: the processes
-        of a `cuda` job (named now or when the job became known), the workload channel
-        of an `app_channel` job."""
+        of a `cuda` job (named now or when the job became known; a pod's, only for a
+        trusted caller or the orchestrator's discovery), the workload channel of an
+        `app_channel` job."""
         if is_trusted(caller):
             return
         known = self.agent.table.find(group, job)
         if known is not None:
             backend, config = known.backend, dict(known.config)
+        if backend == "cuda" and config is not None and "pod_uid" in config and not may_name_pod:
+            raise refused(
+                caller,
+                Verb.SNAPSHOT,
+                f"only an operator, or the orchestrator's discovery, may name a pod ({job})",
+            )
         if backend == "cuda" and config is not None:
             pids = config.get("pids")
             if isinstance(pids, list | tuple):

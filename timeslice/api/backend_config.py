@@ -11,6 +11,7 @@ import betterproto2
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
+from timeslice.ids import check_pod_uid
 from timeslice.errors import ConflictError, InvalidArgumentError, PermissionDeniedError
 
 MODE_NAME: Final = {
@@ -33,6 +34,11 @@ def backend_of(
             pids = list(value.explicit_target.pids) if value.explicit_target else []
             if 1 in pids:  # never a job's, on any node: not even kept
                 raise PermissionDeniedError("pid 1 is the node's init process, no job's")
+            pod = value.explicit_target.pod_uid if value.explicit_target else ""
+            if pod:
+                if pids:
+                    raise InvalidArgumentError("a cuda target names pids or a pod_uid, not both")
+                return "cuda", {"pod_uid": check_pod_uid(pod)}, {}
             return "cuda", {"pids": pids}, {}
         case pb.AppEndpointConfig():
             if value.app not in APP_NAME:
@@ -57,3 +63,11 @@ def _mode(mode: pb.SuspendMode) -> str:
         return MODE_NAME[mode]
     except KeyError:  # a number this protocol has no name for
         raise InvalidArgumentError(f"unknown suspend mode {int(mode)}") from None
+
+
+def names_pod(config: pb.BackendConfig | None) -> bool:
+    """Whether `config` is a `cuda` target naming a pod (which only an operator, or
+    the orchestrator's discovery, may name)."""
+    _, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
+    target = value.explicit_target if isinstance(value, pb.CudaBackendConfig) else None
+    return bool(target is not None and target.pod_uid)

@@ -66,6 +66,9 @@ class BackendContext:
     # URL prefixes beyond this node's loopback that backends may call (see
     # `timeslice.backends.endpoints`).
     allowed_urls: tuple[str, ...] = ()
+    # Where the node's cgroups are mounted: the `cuda` backend finds a pod's
+    # processes there (see `timeslice.backends._cgroups`).
+    cgroup_root: str = "/sys/fs/cgroup"
 
 
 @runtime_checkable

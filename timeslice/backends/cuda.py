@@ -1,7 +1,10 @@
 """`cuda`: the CUDA driver's process checkpoint API, called in the agent's own
 process through cuda-python.
 
-A job is a set of processes (`{"pids": [...]}`). A snapshot locks every one of
+A job is a set of processes (`{"pids": [...]}`), or a Kubernetes pod's
+(`{"pod_uid": ...}`): then its processes are, at each operation, those of the
+pod's cgroups (`_cgroups.pod_pids`) that the driver knows as CUDA processes (the
+pod's pause process and shells are not). A snapshot locks every one of
 them, then checkpoints every one (the driver copies each process's device
 memory to host memory and releases its device references); a restore restores
 every one, then unlocks every one. Within a phase the processes are handled
@@ -55,9 +58,11 @@ from typing import Any, Final
 
 from timeslice.backends import AcceleratorMemory, BackendContext, JobRef, Moved
 from timeslice.backends import _cuda_driver as drv
+from timeslice.backends._cgroups import pod_pids
 from timeslice.backends._cuda_limits import Budget, CudaTimeouts, DeviceLocks, DriverThreads
 from timeslice.backends._cuda_nvml import Nvml, Usage
 from timeslice.backends._processes import pid_exists
+from timeslice.ids import check_pod_uid
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
@@ -68,7 +73,7 @@ from timeslice.errors import (
     TimeSliceError,
 )
 
-__all__ = ["CudaBackend", "CudaTimeouts", "parse_pids"]
+__all__ = ["CudaBackend", "CudaTimeouts", "parse_pids", "parse_pod"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +122,17 @@ def parse_pids(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(pids)
 
 
+def parse_pod(config: Mapping[str, Any]) -> str | None:
+    """The pod a job's config names (`{"pod_uid": ...}`, checked), or None when it
+    names pids instead."""
+    if "pod_uid" not in config:
+        return None
+    unknown = sorted(set(config) - {"pod_uid"})
+    if unknown:
+        raise InvalidArgumentError(f"the cuda backend takes 'pod_uid' alone, got also {unknown}")
+    return check_pod_uid(config["pod_uid"])
+
+
 class CudaBackend:
     """Checkpoints a job's processes with the CUDA driver's process checkpoint API.
 
@@ -134,6 +150,7 @@ class CudaBackend:
         timeouts: CudaTimeouts | None = None,
     ) -> None:
         self._timeouts = timeouts or CudaTimeouts.from_options(context.options)
+        self._cgroup_root = context.cgroup_root
         self._driver = driver if driver is not None else drv.import_driver()
         drv.check_bindings(self._driver)
         self._nvml = Nvml(nvml)
@@ -148,6 +165,9 @@ class CudaBackend:
 
     async def check(self, job: JobRef) -> tuple[str, ...]:
         """Refuse a job whose processes do not exist or are unknown to the driver."""
+        if (pod := parse_pod(job.config)) is not None:
+            await self._pids(job)  # the pod has CUDA processes here now
+            return (f"pod:{pod}",)
         pids = parse_pids(job.config)
         await self._ready()
         results = await asyncio.gather(
@@ -169,7 +189,7 @@ class CudaBackend:
 
     async def snapshot(self, job: JobRef, params: Mapping[str, Any]) -> Moved:
         """Lock every process, then checkpoint every one."""
-        pids = parse_pids(job.config)
+        pids = await self._pids(job)
         budget = Budget(params.get("timeout"))
         await self._ready()
         self._refuse_busy(pids)
@@ -192,7 +212,7 @@ class CudaBackend:
 
     async def restore(self, job: JobRef, params: Mapping[str, Any]) -> Moved:
         """Restore every process, then unlock every one."""
-        pids = parse_pids(job.config)
+        pids = await self._pids(job)
         budget = Budget(params.get("timeout"))
         await self._ready()
         self._refuse_busy(pids)
@@ -215,9 +235,9 @@ class CudaBackend:
 
     async def state(self, job: JobRef) -> str | None:
         """SAVED if every process is CHECKPOINTED, RUNNING if every one runs, else None."""
-        pids = parse_pids(job.config)
         await self._ready()
         try:
+            pids = await self._pids(job)
             results = await asyncio.gather(
                 *(self._query(pid, self._timeouts.call_timeout_s) for pid in pids)
             )
@@ -245,6 +265,31 @@ class CudaBackend:
                 task.cancel()
         await self._nvml_call(self._nvml.close)
         self._threads.closed = True
+
+    async def _pids(self, job: JobRef) -> tuple[int, ...]:
+        """The job's processes: those it names, or its pod's CUDA processes now."""
+        pod = parse_pod(job.config)
+        if pod is None:
+            return parse_pids(job.config)
+        await self._ready()
+        found = await asyncio.to_thread(pod_pids, pod, self._cgroup_root)
+        # Neither init nor the agent, were the agent's own pod (or the host's) named.
+        found = tuple(pid for pid in found if pid not in (1, os.getpid()))
+        results = await asyncio.gather(
+            *(self._query(pid, self._timeouts.call_timeout_s) for pid in found),
+            return_exceptions=True,
+        )
+        pids = []
+        for pid, result in zip(found, results, strict=True):
+            if isinstance(result, NotFoundError):
+                continue  # exited meanwhile
+            if isinstance(result, BaseException):
+                raise result
+            if drv.succeeded(result):
+                pids.append(pid)
+        if not pids:
+            raise NotFoundError(f"pod {pod} has no CUDA process on this node")
+        return tuple(pids)
 
     # --- phases and rollback ------------------------------------------------------------
 

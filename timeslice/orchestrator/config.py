@@ -89,6 +89,12 @@ class OrchestratorConfig:
     max_watchers: int = 1024
     watch_backlog: int = 10_000
 
+    # Learn groups, their nodes and their jobs' pods from Kubernetes labels
+    # (`--kubernetes`; see `timeslice.orchestrator.discovery`), through the
+    # in-cluster service account or, when set, this kubeconfig file.
+    kubernetes: bool = False
+    kubeconfig: str | None = None
+
     # Groups the orchestrator knows at most (each stays known: its fencing token
     # must only grow), and jobs waiting for one group at most.
     max_groups: int = 10_000
@@ -140,6 +146,8 @@ class OrchestratorConfig:
                 check_node(node)
         if not self.switch_timeout > 0:
             raise InvalidArgumentError("switch_timeout must be positive")
+        if self.kubeconfig is not None and not self.kubernetes:
+            raise InvalidArgumentError("a kubeconfig means something only with kubernetes")
         if not self.revoked_snapshot_timeout > 0:
             raise InvalidArgumentError("revoked_snapshot_timeout must be positive")
 

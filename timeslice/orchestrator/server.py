@@ -7,6 +7,7 @@ The public class composes the parts, each in a module of its own:
 - `handoff.HandoffDriver`: the switches on a group's nodes;
 - `agents.AgentDirectory`: the agents in session, and what they report;
 - `membership.Membership`: agents joining groups, and holders whose workload is gone;
+- `kubernetes.KubernetesDiscovery`: groups, nodes and jobs from Kubernetes labels;
 - `service.OrchestratorService`: the gRPC servicer, over this class's methods.
 This module is the lifecycle (start, close) and the methods the servicer and
 embedding programs call; `_act` says what each effect makes the shell do.
@@ -42,6 +43,7 @@ from timeslice.orchestrator.engine import JournalEngine, fold
 from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.kubernetes import KubernetesDiscovery
 from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group
 from timeslice.orchestrator.service import OrchestratorService
@@ -88,6 +90,7 @@ class Orchestrator:
         self._stopped = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
         self._start_failure: BaseException | None = None
+        self.discovery: KubernetesDiscovery | None = None
 
     @property
     def table(self) -> LockTable:
@@ -127,6 +130,7 @@ class Orchestrator:
             await self._listen()
             if self.failure is not None:  # the journal's claim was lost meanwhile
                 raise self.failure
+            await self._discover()
         except BaseException:
             # The cleanup must not replace the error that made the start fail.
             try:
@@ -157,6 +161,8 @@ class Orchestrator:
 
     async def _shutdown(self) -> None:
         self._set_closed()
+        if self.discovery is not None:
+            await self.discovery.close()
         await self.handoff.close()
         if self.engine is not None:
             await self.engine.stop()
@@ -223,6 +229,13 @@ class Orchestrator:
             [OrchestratorService(self)], connection_limits(self.config), "the orchestrator"
         )
         self._address = await self._server.serve_configured(self.config)
+
+    async def _discover(self) -> None:
+        """Follow Kubernetes labels, if configured (its client is imported only then)."""
+        if not self.config.kubernetes:
+            return
+        self.discovery = KubernetesDiscovery(self, kubeconfig=self.config.kubeconfig)
+        await self.discovery.start()
 
     def _engine_failed(self, error: TimeSliceError) -> None:
         """The journal failed: every call in the air fails, and the orchestrator closes."""

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import grpclib.const
 
-from timeslice.api.backend_config import backend_of
+from timeslice.api.backend_config import backend_of, names_pod
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api.serving import CallGate, Encoded, edge_mapping
@@ -288,6 +288,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         backend = message.backend_config
         if backend is not None:
             backend_of(backend, apb.Backend.UNSPECIFIED)  # refuses what no agent would take
+        if names_pod(backend) and not caller.is_operator:
+            # A pod's processes are whoever's the pod runs as: not a job's to name.
+            raise PermissionDeniedError(
+                f"{caller.who} may not name a pod: only an operator, or discovery, may"
+            )
         # The agents check the processes it names against whoever registered it.
         await self.orch.register_job(
             message.group_id,

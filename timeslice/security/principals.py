@@ -17,6 +17,10 @@ agent names a `cuda` job's processes for the principal that registered the job
 only when they are those users' (without `uids`, only the agent's own user's,
 and none when the agent runs as root). Root (0) is no job's user.
 
+Names beginning with `timeslice:` are reserved: none is a principal's. The
+orchestrator's own discovery from Kubernetes labels registers the jobs it finds
+as `DISCOVERY_REGISTRANT`, which no auth file can give to a caller.
+
 A principal proves itself by a bearer token (the file keeps only its SHA-256,
 so that the file grants nothing to whoever reads it) or by the subject of a
 client certificate that the server's client CA verified (mTLS). Patterns are
@@ -54,6 +58,11 @@ from timeslice.errors import InvalidArgumentError, PermissionDeniedError
 
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}\Z")
 _KEYS: Final = {"name", "token_sha256", "cert_subject", "role", "jobs", "groups", "nodes", "uids"}
+# Principal names of this prefix are reserved for the system's own registrants.
+RESERVED_PREFIX: Final = "timeslice:"
+# Who registered a job the orchestrator's Kubernetes discovery found (see
+# `timeslice.agent.access`: an agent trusts it only on an operator's SwitchGroup).
+DISCOVERY_REGISTRANT: Final = "timeslice:discovery"
 # The largest uid Linux has (uid_t is 32 bits; -1 means "none").
 _MAX_UID: Final = 2**32 - 2
 
@@ -247,6 +256,10 @@ def _principal(entry: Mapping[str, Any], where: str) -> Principal:
     if not name:
         raise InvalidArgumentError(f"{where}: name is missing")
     where = f"{where} ({name})"
+    if name.startswith(RESERVED_PREFIX):
+        raise InvalidArgumentError(
+            f"{where}: names beginning with {RESERVED_PREFIX!r} are reserved"
+        )
     role_name = _text(entry, "role", where)
     if role_name not in set(Role):
         raise InvalidArgumentError(

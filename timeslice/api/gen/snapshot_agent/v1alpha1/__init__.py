@@ -580,6 +580,13 @@ default_message_pool.register_message(
 class ProcessTarget(betterproto2.Message):
     pids: "list[int]" = betterproto2.field(1, betterproto2.TYPE_INT32, repeated=True)
 
+    pod_uid: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
+    """
+    The processes of this pod (its metadata.uid), found by the agent through the
+    node's cgroups at each operation; instead of pids. Named only by an operator,
+    or by the orchestrator's discovery from Kubernetes labels.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "ProcessTarget", ProcessTarget

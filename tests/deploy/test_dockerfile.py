@@ -28,10 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-# Extras the image may name that another part of the package declares: discovery's.
-EXTRAS_DECLARED_ELSEWHERE = frozenset({"kubernetes"})
-
-
 @dataclass(frozen=True, kw_only=True)
 class Instruction:
     name: str
@@ -156,7 +152,6 @@ def extras_problems(text: str, all_stages: list[Stage]) -> list[str]:
         return ["ARG EXTRAS is never used"]
     default = arg_defaults(text).get("EXTRAS", "")
     unknown = {x.strip() for x in default.split(",") if x.strip()} - declared_extras()
-    unknown -= EXTRAS_DECLARED_ELSEWHERE
     return [f"EXTRAS default names unknown extras {sorted(unknown)}"] if unknown else []
 
 

@@ -1,7 +1,9 @@
 """The replay page in a real browser (headless Chromium, driven by Playwright with
 the system's Chromium: no browser is downloaded): it draws as many switches as
-the journal holds, shows a switch's parts when it is clicked, plays, and
-switches between runs. Skipped where no Chromium is installed, except in CI
+the journal holds, shows a switch's parts when it is clicked, plays, switches
+between runs and opens on the most recent, zooms with the wheel and pans with a
+drag within bounds, draws the utilisation track the Python side computes, colours
+what it draws as its legend says, and shows durations to the data's precision. Skipped where no Chromium is installed, except in CI
 (CI=true), where it must run: `.ci/run` installs Debian's chromium."""
 
 from __future__ import annotations

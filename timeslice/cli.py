@@ -760,6 +760,13 @@ def replay(
         str | None,
         typer.Option(help="Write every run as lock events of that schema to this JSON file."),
     ] = None,
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            help="Write every run as a Chrome/Perfetto trace (Trace Event Format JSON) to this"
+            " file: open it in ui.perfetto.dev (Open trace file) or chrome://tracing."
+        ),
+    ] = None,
     title: Annotated[str, typer.Option(help="The page's title.")] = "timeslice replay",
 ) -> None:
     """Replay recorded runs switch by switch: a self-contained HTML page with a timeline
@@ -772,8 +779,10 @@ def replay(
 
     urls = list(journals or ([] if runs else ["sqlite:///timeslice-journal.db"]))
     with user_errors(Scope(urls=urls)):
-        if output is None and export is None:
-            raise typer.BadParameter("give --output FILE.html, --export FILE.json, or both")
+        if output is None and export is None and trace is None:
+            raise typer.BadParameter(
+                "give --output FILE.html, --export FILE.json or --trace FILE.json (or several)"
+            )
         try:
             timelines = [anyio.run(read_journal, url).timeline() for url in urls]
             if runs:
@@ -794,6 +803,12 @@ def replay(
                 text = json.dumps(export_document(timelines), indent=1, allow_nan=False)
                 Path(export).write_text(text + "\n", encoding="utf-8")
                 written.append(export)
+            if trace is not None:
+                from timeslice.replay.trace import trace_document
+
+                text = json.dumps(trace_document(timelines), allow_nan=False)
+                Path(trace).write_text(text + "\n", encoding="utf-8")
+                written.append(trace)
         except OSError as exc:
             raise CommandError(f"cannot write {exc.filename}: {exc.strerror or exc}") from exc
     switches = sum(len(tl.switches) for tl in timelines)

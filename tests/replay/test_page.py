@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 from timeslice.orchestrator import events as ev
-from timeslice.replay.page import page_data, render_page
+from timeslice.replay.page import latest, page_data, render_page
 from timeslice.replay.timeline import Timeline, timeline_from_journal
 
 
@@ -56,4 +57,19 @@ def test_no_label_breaks_out_of_the_page() -> None:
 
 
 def test_a_page_without_runs_still_renders() -> None:
-    assert embedded(render_page([])) == {"runs": []}
+    assert embedded(render_page([])) == {"runs": [], "latest": 0}
+
+
+def test_the_page_opens_on_the_most_recent_run() -> None:
+    old, new = timeline("old"), timeline("new")
+    later = replace(new, origin=(new.origin or 0) + 3600)
+    assert latest([old, later]) == 1 == latest([old, later, old])
+    assert latest([later, old]) == 0
+    assert embedded(render_page([old, later]))["latest"] == 1  # type: ignore[index]
+    # Runs with no wall clock are older than any with one; with none, the first given.
+    clockless = replace(old, origin=None)
+    assert latest([clockless, old]) == 1
+    assert latest([clockless, replace(later, origin=None)]) == 0
+    # Ending later, not starting later, is what counts.
+    longer = replace(old, end=old.end + 7200)
+    assert latest([later, longer]) == 1

@@ -5,6 +5,7 @@ drawn in a self-contained HTML page (`timeslice replay`).
 - `timeline`: the journal folded through the lock table into a `Timeline` (pure)
 - `verl`: the recorded runs' event schema, read into a `Timeline` and written from one
 - `page`: the HTML page
+- `trace`: a run as a Chrome/Perfetto trace (Trace Event Format JSON)
 - `source`: reading a journal
 """
 

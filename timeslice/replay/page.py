@@ -22,9 +22,21 @@ from timeslice.replay.timeline import Timeline
 _PLACEHOLDER = re.compile(r"%%([A-Z]+)%%")
 
 
+def latest(timelines: Sequence[Timeline]) -> int:
+    """The index of the most recent run: the one whose record ends last on the wall
+    clock. A run without a wall clock (a recorded run that gives none) counts as older
+    than any with one; where none has one, or they end at once, the first given."""
+    best, best_end = 0, float("-inf")
+    for i, tl in enumerate(timelines):
+        end = tl.origin + tl.end if tl.origin is not None else float("-inf")
+        if end > best_end:
+            best, best_end = i, end
+    return best
+
+
 def page_data(timelines: Sequence[Timeline]) -> dict[str, Any]:
-    """What the page is drawn from."""
-    return {"runs": [tl.to_dict() for tl in timelines]}
+    """What the page is drawn from; it opens on run `latest`."""
+    return {"runs": [tl.to_dict() for tl in timelines], "latest": latest(timelines)}
 
 
 def embed_json(data: Any) -> str:
@@ -34,7 +46,7 @@ def embed_json(data: Any) -> str:
 
 
 def render_page(timelines: Sequence[Timeline], title: str = "timeslice replay") -> str:
-    """The whole page for `timelines` (the first is shown first)."""
+    """The whole page for `timelines` (it opens on the most recent, `latest`)."""
     fields = {
         "TITLE": html.escape(title),
         "STYLE": _asset("page.css"),

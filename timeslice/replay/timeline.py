@@ -20,6 +20,7 @@ the phases are drawn from the moment the agents were asked (`SwitchDone.began`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -241,6 +242,8 @@ class Timeline:
             "switches": [s.to_dict() for s in self.switches],
             "marks": [m.to_dict() for m in self.marks],
             "summary": self.summary(),
+            "resolution": time_resolution(self),
+            "tracks": [t.to_dict() for t in tracks(self)],
         }
 
 
@@ -263,6 +266,171 @@ def uncovered(start: float, end: float, covered: Iterable[tuple[float, float]]) 
 def ordered(names: Iterable[str]) -> tuple[str, ...]:
     """Names once each, in the order first seen."""
     return tuple(dict.fromkeys(n for n in names if n))
+
+
+def covered(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """How much of [start, end] the union of `intervals` covers."""
+    return max(0.0, end - start) - uncovered(start, end, intervals)
+
+
+# --- the data's time resolution -------------------------------------------------------
+
+# The finest resolution a replay shows: a microsecond (a journal's times are wall-clock
+# floats whose last digits are noise once the origin is taken off).
+FINEST_DECIMALS: Final = 6
+
+
+def _decimals(value: float) -> int:
+    """How many decimals `value` is written with (at most FINEST_DECIMALS), allowing
+    for the binary noise of values read from decimal text (-933.5139999999999 is
+    -933.514: 3)."""
+    for d in range(FINEST_DECIMALS):
+        scaled = value * 10**d
+        if abs(scaled - round(scaled)) <= 1e-6 + 1e-12 * abs(scaled):
+            return d
+    return FINEST_DECIMALS
+
+
+def time_resolution(tl: Timeline) -> float:
+    """The time resolution of the data (seconds, a power of ten from 1 s down to 1 µs):
+    the finest decimal any of its times or durations is written to. A journal's
+    wall-clock times give 1 µs; runs recorded in milliseconds give 1 ms. The page
+    zooms no finer than this and shows durations to this precision, no finer."""
+    values: list[float] = [tl.start, tl.end]
+    for s in tl.spans:
+        values += (s.start, s.end)
+    for w in tl.switches:
+        values += (w.start, w.end, w.snapshot, w.restore)
+        values += (step.seconds for step in w.steps)
+    values += (m.time for m in tl.marks)
+    decimals = max((_decimals(v) for v in values if math.isfinite(v)), default=0)
+    return float(f"1e-{decimals}")
+
+
+# --- tracks over time: utilisation and queue depth ------------------------------------
+
+# At most this many utilisation windows per group: enough to see the shape of a run,
+# few enough to keep the page small.
+MAX_WINDOWS: Final = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageWindow:
+    """How `group`'s accelerators spent [start, end): the shares (0..1, summing to 1)
+    of the time a job held them and worked (`busy`), they were switching between
+    jobs (`switching`: from the decision to switch to its end), or neither (`idle`)."""
+
+    start: float
+    end: float
+    busy: float
+    switching: float
+    idle: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "busy": self.busy,
+            "switching": self.switching,
+            "idle": self.idle,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Track:
+    """One group's tracks over time: its utilisation in windows of `window` seconds
+    (the last one may be shorter), and its queue depth, the number of jobs waiting
+    for it (from their Acquire to their grant, as the waits are drawn), as
+    (time, depth) points, each depth holding until the next point."""
+
+    group: str
+    window: float
+    usage: tuple[UsageWindow, ...]
+    queue: tuple[tuple[float, int], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "window": self.window,
+            "usage": [u.to_dict() for u in self.usage],
+            "queue": [list(q) for q in self.queue],
+        }
+
+
+def window_width(length: float, resolution: float, max_windows: int = MAX_WINDOWS) -> float:
+    """The shortest round width (1, 2 or 5 times a power of ten seconds, at least
+    `resolution`) that cuts `length` seconds into at most `max_windows` windows."""
+    if max_windows < 1:
+        raise ValueError(f"max_windows must be at least 1, not {max_windows}")
+    wanted = max(length / max_windows, resolution, 1e-9)
+    exponent = math.floor(math.log10(wanted))
+    for mantissa in (1, 2, 5, 10):
+        width = float(f"{mantissa}e{exponent}")
+        if width * (1 + 1e-9) >= wanted:
+            return width
+    raise AssertionError("unreachable: 10 * 10**exponent >= wanted")
+
+
+def utilisation(tl: Timeline, group: str, window: float) -> tuple[UsageWindow, ...]:
+    """`group`'s utilisation over the run, in windows of `window` seconds from its
+    start. Switching wins over holding where both are recorded at once."""
+    if window <= 0:
+        raise ValueError(f"a window must be longer than 0 s, not {window}")
+    holds = [(s.start, s.end) for s in tl.spans if s.group == group and s.kind == "hold"]
+    switching = [(w.start, w.end) for w in tl.switches if w.group == group]
+    windows: list[UsageWindow] = []
+    count = math.ceil((tl.end - tl.start) / window - 1e-9) if tl.end > tl.start else 0
+    for i in range(count):
+        start = tl.start + i * window
+        end = min(tl.end, start + window)
+        length = end - start
+        switched = covered(start, end, switching)
+        busy = covered(start, end, holds + switching) - switched
+        windows.append(
+            UsageWindow(
+                start=start,
+                end=end,
+                busy=busy / length,
+                switching=switched / length,
+                idle=max(0.0, length - busy - switched) / length,
+            )
+        )
+    return tuple(windows)
+
+
+def queue_depth(tl: Timeline, group: str) -> tuple[tuple[float, int], ...]:
+    """How many jobs wait for `group` over the run: (time, depth) from the run's start,
+    one point where the depth changes. A wait still open when the record ends is
+    still counted at its end."""
+    changes: dict[float, int] = {}
+    for s in tl.spans:
+        if s.group == group and s.kind == "wait" and (s.end > s.start or s.open):
+            changes[s.start] = changes.get(s.start, 0) + 1
+            if not s.open:
+                changes[s.end] = changes.get(s.end, 0) - 1
+    points = [(tl.start, 0)]
+    depth = 0
+    for t in sorted(changes):
+        depth += changes[t]
+        if t <= tl.start:
+            points[0] = (tl.start, depth)
+        elif depth != points[-1][1]:
+            points.append((t, depth))
+    return tuple(points)
+
+
+def tracks(tl: Timeline, max_windows: int = MAX_WINDOWS) -> tuple[Track, ...]:
+    """Every group's utilisation and queue depth, in windows of one width for all."""
+    window = window_width(tl.end - tl.start, time_resolution(tl), max_windows)
+    return tuple(
+        Track(
+            group=g,
+            window=window,
+            usage=utilisation(tl, g, window),
+            queue=queue_depth(tl, g),
+        )
+        for g in tl.groups
+    )
 
 
 # --- the journal ----------------------------------------------------------------------

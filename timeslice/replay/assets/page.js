@@ -2,15 +2,34 @@
 (function () {
   const DATA = JSON.parse(document.getElementById("replay-data").textContent);
   const SVG = "http://www.w3.org/2000/svg";
-  const PALETTE = ["#1e88e5", "#43a047", "#d81b60", "#6d4c41", "#f9a825", "#546e7a",
-                   "#c0ca33", "#3949ab", "#00acc1", "#8d6e63"];
-  const PARTS = [["snapshot", "Snapshot", "#ef6c00"], ["restore", "Restore", "#00897b"],
-                 ["overhead", "Control overhead", "#9e9e9e"],
-                 ["idle", "Idle (nobody waiting yet)", "#e0e0e0"]];
+  // The one palette: what each colour means, for the chart and its legend alike (the
+  // legend is drawn from it). Red is for failed switches only.
+  const COLOURS = {
+    hold: "#1e88e5", wait: "#90caf9", snapshot: "#ef6c00", restore: "#00897b",
+    switch: "#6a3fb3", failed: "#c62828", idle: "#e0e0e0", queue: "#455a64",
+    mark: "#444444", playhead: "#212121", overhead: "#9e9e9e",
+  };
+  const LEGEND = [
+    ["hold", "holds (the accelerators working)"], ["wait", "waits (queued)"],
+    ["snapshot", "snapshot"], ["restore", "restore"],
+    ["switch", "switch (click for its parts)"], ["failed", "failed switch"],
+    ["idle", "idle"], ["queue", "queue depth"], ["mark", "restart, revocation\u2026"],
+    ["playhead", "playhead"],
+  ];
+  const PARTS = [["snapshot", "Snapshot", COLOURS.snapshot],
+                 ["restore", "Restore", COLOURS.restore],
+                 ["overhead", "Control overhead", COLOURS.overhead],
+                 ["idle", "Idle (nobody waiting yet)", COLOURS.idle]];
+  // Utilisation shares, bottom up, with the colour of what the time went to.
+  const USAGE = [["busy", "hold", "working"], ["switching", "switch", "switching"],
+                 ["idle", "idle", "idle"]];
   const ROW = 24, AXIS = 26, LABEL_W = 170;
+  // The narrowest view: this many of the data's time quanta (its resolution).
+  const MIN_QUANTA = 10;
   const $ = (id) => document.getElementById(id);
-  const state = { run: null, t: 0, playing: false, speed: 1, zoom: 1, selected: null,
-                  last: null, rows: [], x: null };
+  const state = { run: null, t: 0, playing: false, speed: 1, selected: null,
+                  last: null, rows: [], x: null, view: null, drag: null, dragged: false,
+                  pending: false };
 
   function el(name, attrs, parent) {
     const node = document.createElementNS(SVG, name);
@@ -27,23 +46,36 @@
   }
   function title(node, text) { el("title", {}, node).textContent = text; }
   function grouped(n) { return String(Math.round(n)).replace(/\B(?=(\d{3})+(?!\d))/g, ","); }
-  function dur(s) {
+  // `s` seconds to the precision of data whose times are multiples of `res` seconds (a
+  // power of ten, 1 s down to 1 us) and to four significant digits at most: "3 us"
+  // for a microsecond span, "12 s" (not "12.000000 s") for data in whole seconds.
+  function formatDuration(s, res) {
     if (s === null || s === undefined) return "not recorded";
-    if (s === 0) return "0 s";
-    const a = Math.abs(s);
-    if (a < 1e-3) return (s * 1e6).toFixed(0) + " \u00b5s";
-    if (a < 1) return (s * 1e3).toFixed(a < 0.01 ? 2 : 1) + " ms";
-    if (a < 120) return s.toFixed(a < 10 ? 3 : 2) + " s";
+    const quantum = res > 0 ? Math.max(res, 1e-6) : 1e-6;
+    const digits = Math.max(0, Math.round(-Math.log10(quantum)));  // decimals of a second
+    const a = Math.round(Math.abs(s) / quantum) * quantum;
+    if (a === 0) return s === 0 ? "0 s" : "< " + formatDuration(quantum, quantum);
     const sign = s < 0 ? "-" : "";
+    const sig = (v) => Math.max(0, 3 - Math.floor(Math.log10(v)));
+    const fixed = (v, unit, decimals) => sign + v.toFixed(Math.min(decimals, sig(v))) + unit;
+    if (a < 1e-3) return fixed(a * 1e6, " \u00b5s", 0);
+    if (a < 1) return fixed(a * 1e3, " ms", Math.max(0, digits - 3));
+    if (a < 120) return fixed(a, " s", digits);
     if (a < 3600) {
-      const m = Math.floor(a / 60);
-      return sign + m + " min " + (a - m * 60).toFixed(1) + " s";
+      const d = Math.min(digits, 1), scale = Math.pow(10, d);
+      const units = Math.round(a * scale), m = Math.floor(units / (60 * scale));
+      return sign + m + " min " + ((units - m * 60 * scale) / scale).toFixed(d) + " s";
     }
-    const h = Math.floor(a / 3600), m = Math.floor((a - h * 3600) / 60);
-    return sign + h + " h " + m + " min " + Math.round(a - h * 3600 - m * 60) + " s";
+    const whole = Math.round(a), h = Math.floor(whole / 3600);
+    const m = Math.floor((whole - h * 3600) / 60);
+    return sign + h + " h " + m + " min " + (whole - h * 3600 - m * 60) + " s";
   }
+  function resolution() { return (state.run && state.run.resolution) || 1e-6; }
+  function dur(s) { return formatDuration(s, resolution()); }
   function tick(t, step) {
-    if (step < 60) return dur(t);
+    // A tick to the precision of the step (0.2 s steps: tenths), never finer than the data.
+    const quantum = Math.pow(10, Math.floor(Math.log10(step) + 1e-9));
+    if (step < 60) return formatDuration(t, Math.max(resolution(), quantum));
     const m = Math.round(Math.abs(t) / 60), h = Math.floor(m / 60), sign = t < 0 ? "-" : "";
     if (!m) return "0";
     return sign + (h ? h + " h" + (m % 60 ? " " : "") : "") + (m % 60 ? (m % 60) + " min" : "");
@@ -68,14 +100,51 @@
   // --- layout ---------------------------------------------------------------------
   function layout(run) {
     const rows = [];
-    const colors = {};
-    run.jobs.forEach((j, i) => { colors[j] = PALETTE[i % PALETTE.length]; });
     for (const g of run.groups) {
       rows.push({ kind: "group", group: g, label: g });
       const jobs = run.jobs.filter((j) => run.spans.some((s) => s.group === g && s.job === j));
       for (const j of jobs) rows.push({ kind: "job", group: g, job: j, label: jobName(run, j) });
+      rows.push({ kind: "usage", group: g, label: "utilisation" });
+      rows.push({ kind: "queue", group: g, label: "queue depth" });
     }
-    return { rows, colors };
+    return rows;
+  }
+
+  // --- the visible range (zoom and pan) ---------------------------------------------
+  function fullRange(run) { return Math.max(run.end - run.start, 1e-9); }
+  function minRange(run) { return Math.min(fullRange(run), MIN_QUANTA * (run.resolution || 1e-6)); }
+  // The view [from, to], as wide as the bounds allow and inside the run.
+  function setView(from, to) {
+    const run = state.run;
+    const range = Math.min(fullRange(run), Math.max(minRange(run), to - from));
+    let start = Math.max(run.start, Math.min(from, run.end - range));
+    if (range >= fullRange(run)) start = run.start;
+    state.view = { from: start, to: start + range };
+  }
+  function resetView() { setView(state.run.start, state.run.end); }
+  function plotWidth() { return Number($("timeline").getAttribute("width")) - 20; }
+  function timeAt(px) {
+    const v = state.view;
+    return v.from + ((px - 10) / plotWidth()) * (v.to - v.from);
+  }
+  // Zoom by `factor` (below 1: in) keeping the time `t` where it is on the screen.
+  function zoomAt(t, factor) {
+    const v = state.view, range = v.to - v.from;
+    const share = (t - v.from) / range;
+    const wanted = Math.min(fullRange(state.run), Math.max(minRange(state.run), range * factor));
+    setView(t - share * wanted, t - share * wanted + wanted);
+    redraw();
+  }
+  function zoomCentre(factor) {
+    const v = state.view;
+    const t = state.t >= v.from && state.t <= v.to ? state.t : (v.from + v.to) / 2;
+    zoomAt(t, factor);
+  }
+  // Draw at the next frame, once however many changes come before it.
+  function redraw() {
+    if (state.pending) return;
+    state.pending = true;
+    requestAnimationFrame(() => { state.pending = false; draw(); });
   }
 
   function niceStep(span, ticks) {
@@ -92,17 +161,21 @@
 
   function draw() {
     const run = state.run;
-    const { rows, colors } = layout(run);
+    const rows = layout(run);
     state.rows = rows;
     const labels = $("labels"), svg = $("timeline");
     labels.replaceChildren();
     svg.replaceChildren();
     const height = AXIS + rows.length * ROW + 8;
-    const visible = Math.max(400, $("chart").clientWidth - LABEL_W - 4);
-    const width = Math.round(visible * state.zoom);
-    const span = Math.max(run.end - run.start, 1e-9);
-    const x = (t) => ((t - run.start) / span) * (width - 20) + 10;
+    const width = Math.max(400, $("chart").clientWidth - LABEL_W - 4);
+    const view = state.view, span = view.to - view.from;
+    // Off-screen coordinates are kept near the edges, so that no zoom strains the drawing.
+    const x = (t) => Math.min(width + 50, Math.max(-50, ((t - view.from) / span) * (width - 20) + 10));
     state.x = x;
+    svg.dataset.from = String(view.from);
+    svg.dataset.to = String(view.to);
+    $("view").textContent = (span >= fullRange(run) ? "whole run: " : "showing ")
+      + dur(view.from) + " \u2026 " + dur(view.to);
     labels.setAttribute("width", LABEL_W);
     labels.setAttribute("height", height);
     svg.setAttribute("width", width);
@@ -110,7 +183,7 @@
     const rowOf = {};
     rows.forEach((r, i) => {
       const y = AXIS + i * ROW;
-      rowOf[r.kind === "group" ? "g:" + r.group : "j:" + r.group + "\u0000" + r.job] = y;
+      rowOf[r.kind === "job" ? "j:" + r.group + "\u0000" + r.job : r.kind + ":" + r.group] = y;
       const text = el("text", { x: r.kind === "group" ? 6 : 18, y: y + ROW * 0.68,
                                 class: "row-label " + r.kind }, labels);
       text.textContent = r.kind === "group" ? "group " + r.label : r.label;
@@ -119,8 +192,8 @@
     // time axis
     const axis = el("g", { class: "axis" }, svg);
     const step = niceStep(span, width / 110);
-    const first = Math.ceil(run.start / step);
-    for (let n = first; n * step <= run.end + step * 1e-9; n++) {
+    const first = Math.ceil(view.from / step - 1e-9);
+    for (let n = first; n * step <= view.to + step * 1e-9; n++) {
       const px = x(n * step);
       el("line", { x1: px, x2: px, y1: AXIS - 4, y2: height, class: "gridline" }, axis);
       el("text", { x: px + 2, y: 14 }, axis).textContent = tick(n * step, step);
@@ -132,13 +205,13 @@
       const y = rowOf["j:" + s.group + "\u0000" + s.job];
       if (y === undefined) continue;
       const thin = s.kind === "wait";
+      const fill = COLOURS[s.kind];
       const r = el("rect", {
         x: x(s.start), width: Math.max(1, x(s.end) - x(s.start)),
         y: y + (thin ? 8 : 4), height: thin ? ROW - 16 : ROW - 8,
         class: "span " + s.kind + (s.open ? " open" : ""),
-        "data-kind": s.kind, "data-start": s.start,
+        "data-kind": s.kind, "data-start": s.start, fill: fill,
       }, svg);
-      if (s.kind === "hold" || s.kind === "wait") r.setAttribute("fill", colors[s.job]);
       let tip = jobName(run, s.job) + " " + s.kind + " " + s.group + ": " + dur(s.end - s.start)
         + " from t = " + dur(s.start);
       if (s.waited) tip += " (waited " + dur(s.waited) + ")";
@@ -152,10 +225,11 @@
     }
     // switches
     for (const w of run.switches) {
-      const y = rowOf["g:" + w.group];
+      const y = rowOf["group:" + w.group];
       const r = el("rect", {
         x: x(w.start), width: Math.max(3, x(w.end) - x(w.start)), y: y + 3, height: ROW - 6,
         class: "switch" + (w.error ? " failed" : ""), "data-switch": w.index,
+        "data-kind": w.error ? "failed" : "switch", fill: w.error ? COLOURS.failed : COLOURS.switch,
       }, svg);
       title(r, "switch " + (w.index + 1) + ": " + (w.saved.map((j) => jobName(run, j)).join(", ")
         || "nothing") + " \u2192 " + jobName(run, w.job) + ", " + dur(w.duration)
@@ -166,19 +240,58 @@
     for (const m of run.marks) {
       const px = x(m.time);
       if (m.kind === "restart" || !m.group) {
-        const line = el("line", { x1: px, x2: px, y1: AXIS, y2: height, class: "mark restart" }, svg);
+        const line = el("line", { x1: px, x2: px, y1: AXIS, y2: height, class: "mark restart",
+                                  stroke: COLOURS.mark, "data-kind": "mark" }, svg);
         title(line, "t = " + dur(m.time) + ": " + m.text);
         continue;
       }
-      const y = rowOf["g:" + m.group];
+      const y = rowOf["group:" + m.group];
       if (y === undefined) continue;
       const d = "M" + px + " " + (y + 2) + " l4 6 l-4 6 l-4 -6 z";
-      title(el("path", { d: d, class: "mark " + m.kind }, svg), "t = " + dur(m.time) + ": " + m.text);
+      title(el("path", { d: d, class: "mark " + m.kind, fill: COLOURS.mark, "data-kind": "mark" },
+               svg), "t = " + dur(m.time) + ": " + m.text);
     }
+    tracks(run, svg, rowOf, x);
     el("rect", { id: "future", x: 0, y: AXIS - 6, width: width, height: height }, svg);
-    el("line", { id: "playhead", x1: 0, x2: 0, y1: AXIS - 6, y2: height }, svg);
+    el("line", { id: "playhead", x1: 0, x2: 0, y1: AXIS - 6, y2: height,
+                 stroke: COLOURS.playhead, "data-kind": "playhead" }, svg);
     if (state.selected !== null) mark(state.selected);
     show();
+  }
+
+  // --- tracks over time: utilisation and queue depth ---------------------------------
+  function tracks(run, svg, rowOf, x) {
+    const v = state.view;
+    for (const track of run.tracks || []) {
+      const top = rowOf["usage:" + track.group], qtop = rowOf["queue:" + track.group];
+      if (top === undefined) continue;
+      const h = ROW - 4;
+      track.usage.forEach((u, i) => {
+        if (u.end < v.from || u.start > v.to) return;
+        const left = x(u.start), w = Math.max(0.5, x(u.end) - left);
+        let y = top + 2 + h;
+        const tip = "t = " + dur(u.start) + " \u2026 " + dur(u.end) + ": " + USAGE.map(
+          ([key, , name]) => name + " " + (100 * u[key]).toFixed(1) + "%").join(", ");
+        for (const [key, colour] of USAGE) {
+          const part = h * u[key];
+          y -= part;
+          if (part <= 0) continue;
+          title(el("rect", { x: left, y: y, width: w, height: part, fill: COLOURS[colour],
+                             class: "usage", "data-kind": colour, "data-share": key,
+                             "data-window": i, "data-value": u[key] }, svg), tip);
+        }
+      });
+      const most = Math.max(1, ...track.queue.map((q) => q[1]));
+      const yOf = (depth) => qtop + 2 + h - (h * depth) / most;
+      let d = "";
+      track.queue.forEach(([t, depth], i) => {
+        d += (i ? " H" + x(t) + " V" : "M" + x(t) + " ") + yOf(depth);
+      });
+      if (d) d += " H" + x(run.end);
+      const line = el("path", { d: d, class: "queue", fill: "none", stroke: COLOURS.queue,
+                                "data-kind": "queue", "data-max": most }, svg);
+      title(line, "jobs waiting for " + track.group + " (at most " + most + ")");
+    }
   }
 
   // --- the playhead ---------------------------------------------------------------
@@ -222,6 +335,11 @@
     const dt = state.last === null ? 0 : (now - state.last) / 1000;
     state.last = now;
     seek(state.t + dt * state.speed);
+    const v = state.view;
+    if (state.t > v.to || state.t < v.from) {  // the view follows the playhead
+      setView(state.t - (v.to - v.from) * 0.1, state.t + (v.to - v.from) * 0.9);
+      draw();
+    }
     if (state.t >= state.run.end) { pause(); return; }
     requestAnimationFrame(frame);
   }
@@ -397,6 +515,8 @@
     state.selected = null;
     $("details").hidden = true;
     state.t = state.run.end;  // all of it shown; Play starts from the beginning
+    resetView();
+    $("run").value = String(i);
     summary(state.run);
     speeds(state.run);
     list(state.run);
@@ -410,15 +530,40 @@
       o.value = String(i);
     });
     $("run-choice").hidden = DATA.runs.length < 2;
-    for (const z of [1, 2, 5, 10, 25, 50]) html("option", z + "\u00d7", $("zoom")).value = String(z);
+    legend();
     runSel.addEventListener("change", () => choose(Number(runSel.value)));
     $("speed").addEventListener("change", () => { state.speed = Number($("speed").value); });
-    $("zoom").addEventListener("change", () => {
-      state.zoom = Number($("zoom").value);
-      draw();
-      const scroll = $("scroll");
-      scroll.scrollLeft = state.x(state.t) - scroll.clientWidth / 2;
+    $("zoom-in").addEventListener("click", () => zoomCentre(0.5));
+    $("zoom-out").addEventListener("click", () => zoomCentre(2));
+    $("zoom-reset").addEventListener("click", () => { resetView(); draw(); });
+    const svg = $("timeline");
+    svg.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const box = svg.getBoundingClientRect();
+      zoomAt(timeAt(e.clientX - box.left), Math.exp(Math.max(-5, Math.min(5, e.deltaY * 0.002))));
+    }, { passive: false });
+    svg.addEventListener("pointerdown", (e) => {
+      if (e.button !== 0) return;
+      state.drag = { x: e.clientX, view: state.view, id: e.pointerId, moving: false };
+      state.dragged = false;
     });
+    svg.addEventListener("pointermove", (e) => {
+      const drag = state.drag;
+      if (!drag || drag.id !== e.pointerId) return;
+      const dx = e.clientX - drag.x;
+      if (!drag.moving && Math.abs(dx) < 4) return;  // a click, so far
+      if (!drag.moving) { drag.moving = true; svg.setPointerCapture(e.pointerId); }
+      const shift = (dx / plotWidth()) * (drag.view.to - drag.view.from);
+      setView(drag.view.from - shift, drag.view.to - shift);
+      redraw();
+    });
+    const release = (e) => {
+      if (!state.drag || state.drag.id !== e.pointerId) return;
+      state.dragged = state.drag.moving;
+      state.drag = null;
+    };
+    svg.addEventListener("pointerup", release);
+    svg.addEventListener("pointercancel", release);
     $("play").addEventListener("click", toggle);
     $("prev").addEventListener("click", () => nearest(-1));
     $("next").addEventListener("click", () => nearest(1));
@@ -426,18 +571,19 @@
       const run = state.run;
       seek(run.start + (Number($("scrub").value) / 10000) * (run.end - run.start));
     });
-    $("timeline").addEventListener("click", (e) => {
+    svg.addEventListener("click", (e) => {
+      if (state.dragged) { state.dragged = false; return; }  // the end of a pan
       if (e.target.closest && e.target.closest(".switch")) return;
-      const box = $("timeline").getBoundingClientRect();
-      const run = state.run;
-      const width = Number($("timeline").getAttribute("width"));
-      seek(run.start + ((e.clientX - box.left - 10) / (width - 20)) * (run.end - run.start));
+      seek(timeAt(e.clientX - svg.getBoundingClientRect().left));
     });
     document.addEventListener("keydown", (e) => {
       if (e.target && (e.target.tagName === "SELECT" || e.target.tagName === "INPUT")) return;
       if (e.key === " ") { e.preventDefault(); toggle(); }
       else if (e.key === "ArrowRight") nearest(1);
       else if (e.key === "ArrowLeft") nearest(-1);
+      else if (e.key === "+" || e.key === "=") zoomCentre(0.5);
+      else if (e.key === "-") zoomCentre(2);
+      else if (e.key === "0") { resetView(); draw(); }
     });
     window.addEventListener("resize", () => draw());
     if (!DATA.runs.length) {
@@ -445,8 +591,24 @@
       $("controls").hidden = true;
       return;
     }
-    choose(0);
+    choose(Math.min(DATA.runs.length - 1, Math.max(0, DATA.latest || 0)));
     document.body.dataset.ready = "1";
   }
+
+  // The legend, from the palette the chart is drawn with.
+  function legend() {
+    const box = $("legend");
+    box.replaceChildren();
+    for (const [key, text] of LEGEND) {
+      const entry = html("span", null, box);
+      entry.dataset.key = key;
+      const swatch = html("i", null, entry, "key");
+      swatch.style.background = COLOURS[key];
+      entry.appendChild(document.createTextNode(text));
+    }
+  }
+
+  // For the page's tests: the one duration format.
+  window.timesliceReplay = { formatDuration: formatDuration, colours: COLOURS };
   init();
 })();

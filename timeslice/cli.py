@@ -56,6 +56,13 @@ LogLevel = Annotated[
     str, typer.Option(help="DEBUG, INFO, WARNING, ERROR or CRITICAL (in any case).")
 ]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MetricsPort = Annotated[
+    int,
+    typer.Option(help="Serve /metrics, /healthz and /readyz over HTTP on this port (0: off)."),
+]
+MetricsHost = Annotated[
+    str | None, typer.Option(help="Address of the metrics port (default: --host).")
+]
 
 
 @app.callback()
@@ -203,6 +210,8 @@ def serve_orchestrator(
     agent_tls_cert: AgentTlsCert = None,
     agent_tls_key: AgentTlsKey = None,
     log_level: LogLevel = "INFO",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = None,
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -233,6 +242,8 @@ def serve_orchestrator(
         "max_watchers": ("max_watchers", max_watchers),
         "max_groups": ("max_groups", max_groups),
         "max_waiters_per_group": ("max_waiters_per_group", max_waiters_per_group),
+        "metrics_port": ("metrics_port", metrics_port),
+        "metrics_host": ("metrics_host", metrics_host),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -242,6 +253,8 @@ def serve_orchestrator(
         "max_watchers",
         "max_groups",
         "max_waiters_per_group",
+        "metrics_port",
+        "metrics_host",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(log_level)
@@ -351,6 +364,8 @@ def serve_agent(
     orchestrator_tls_cert: OrchestratorTlsCert = None,
     orchestrator_tls_key: OrchestratorTlsKey = None,
     log_level: LogLevel = "INFO",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = None,
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts).
 
@@ -396,6 +411,8 @@ def serve_agent(
                 groups=tuple(group or ()),
                 socket=socket_path,
                 app_endpoint_allow=tuple(app_endpoint_allow or ()),
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(str(exc)) from None

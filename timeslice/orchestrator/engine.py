@@ -73,6 +73,10 @@ class JournalEngine:
         self._stopped = False
         #: Why the engine stopped on its own (a journal write failed), if it did.
         self.failure: BaseException | None = None
+        #: Told every event with its effects once they are acted on, and the
+        #: seconds and events of every journal write (the metrics); None: nobody.
+        self.observe: Callable[[Event, list[Effect]], None] | None = None
+        self.committed: Callable[[float, int], None] | None = None
 
     def apply(self, event: Event) -> asyncio.Future[list[Effect]]:
         """Handle `event` now; the future resolves once it is durable and acted on.
@@ -87,6 +91,8 @@ class JournalEngine:
                 self._flusher = asyncio.get_running_loop().create_task(self._flush())
         else:
             self._act(effects)
+            if self.observe is not None:
+                self.observe(event, effects)
             done.set_result(effects)
         self._rearm()
         return done
@@ -107,16 +113,21 @@ class JournalEngine:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                began = time.perf_counter()
                 try:
                     seq = await self.journal.append([event for event, _, _ in batch])
                 except Exception as exc:
                     self.fail(exc, "journal write failed", batch)
                     return
+                if self.committed is not None:
+                    self.committed(time.perf_counter() - began, len(batch))
                 if self.failure is not None:  # the journal's claim was lost meanwhile
                     self.fail(self.failure, "journal write failed", batch)
                     return
-                for _, effects, done in batch:
+                for event, effects, done in batch:
                     self._act(effects)
+                    if self.observe is not None:
+                        self.observe(event, effects)
                     if not done.done():
                         done.set_result(effects)
                 self._since_snapshot += len(batch)

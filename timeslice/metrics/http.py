@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
 
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -91,8 +92,11 @@ class MetricsServer:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._exchange(reader, writer)
+                await _linger(reader, writer)
         except (TimeoutError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            return  # stopped: the connection's task is ours, and ends quietly
         except Exception:
             log.exception("the metrics endpoint failed to answer")
         finally:
@@ -104,7 +108,7 @@ class MetricsServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
         try:
-            request = await _read_request(conn, reader)
+            request = await _read_request(conn, reader, self.max_head_bytes)
         except h11.RemoteProtocolError as exc:
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 status = exc.error_status_hint
@@ -131,13 +135,35 @@ class MetricsServer:
         return 503, _TEXT, b"not ready: the service is not SERVING\n"
 
 
-async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After the answer: say no more will come, and read (and drop) what the client
+    still sends, up to 64 KiB or a second, so that closing with unread input does
+    not reset the connection before the client has read the answer."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    left = 65536
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.0):
+            while left > 0 and (data := await reader.read(min(left, 4096))):
+                left -= len(data)
+
+
+async def _read_request(
+    conn: h11.Connection, reader: asyncio.StreamReader, limit: int
+) -> h11.Request | None:
+    received = 0
     while True:
         event = conn.next_event()
         if isinstance(event, h11.Request):
             return event
         if event is h11.NEED_DATA:
-            conn.receive_data(await reader.read(4096))
+            # h11 caps a head that is still incomplete; a whole one that came in
+            # one read is capped here.
+            data = await reader.read(4096)
+            received += len(data)
+            if received > limit:
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            conn.receive_data(data)
         elif isinstance(event, h11.ConnectionClosed):
             return None
         else:  # nothing else comes before a request
@@ -160,7 +186,8 @@ async def _send(
     ]
     if status == 405:
         headers.append((b"allow", b"GET, HEAD"))
-    data = conn.send(h11.Response(status_code=status, headers=headers))
+    reason = HTTPStatus(status).phrase.encode()
+    data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
     if with_body:
         data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
     data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")

@@ -235,7 +235,7 @@ class OrchestratorMetrics:
         granted = next(
             (x for x in effects if isinstance(x, ev.Granted) and x.token == e.token), None
         )
-        if granted is None and not e.error:
+        if not effects:
             return  # the table ignored it: that grant ended already
         total = max(0.0, e.now - decided)
         self._child(self.switch, e.group, "ok" if granted else "failed").observe(total)

@@ -16,6 +16,12 @@ orchestrator (its own process, SQLite journal on disk with its defaults):
             `--scrape-interval` seconds while the measurements run (Prometheus
             scrapes every 15 to 60 s; this scrapes far more often).
 
+  observe   in this process, no I/O: the lock table handling acquire/yield
+            handoffs between two jobs of each of 10 groups, alone and with
+            `OrchestratorMetrics.observe` fed every event's effects as the
+            journal engine feeds it: the CPU the metrics add per handoff, free
+            of the machine's noise that the end-to-end figures carry.
+
 The variants alternate, `--rounds` times each (off first in even rounds, on
 first in odd ones), so that both see the same machine. Reported: the median
 handoff over every round's samples, the median of the rounds' cycle rates, and
@@ -31,6 +37,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,7 @@ from benchmarks.common import (  # noqa: E402
 from benchmarks.handoff import measure_cycles, measure_handoffs  # noqa: E402
 
 TARGET = 1.1
+OBSERVE_GROUPS = 10
 VARIANTS = ("off", "on")
 
 
@@ -105,6 +113,38 @@ async def run_variant(
     return handoffs.latency, cycles.per_second, scrapes
 
 
+def measure_observe(handoffs: int, observed: bool) -> float:
+    """Seconds of CPU per handoff (B's Acquire queued, A's Yield, B granted) of the
+    lock table, with every event's effects observed or not."""
+    from timeslice.metrics.orchestrator import OrchestratorMetrics
+    from timeslice.orchestrator import events as ev
+    from timeslice.orchestrator.state import LockTable
+
+    table = LockTable()
+    metrics = OrchestratorMetrics(
+        lambda: ((g.name, len(g.queue)) for g in table.groups.values()), lambda: 0
+    )
+    groups = [f"g{i}" for i in range(OBSERVE_GROUPS)]
+    t = 1.0
+
+    def handle(event: Any) -> None:
+        effects = table.handle(event)
+        if observed:
+            metrics.observe(event, effects)
+
+    for group in groups:
+        handle(ev.Acquire(now=t, group=group, job="a", call_id=f"{group}-a0"))
+    holder, waiter = "a", "b"
+    started = time.process_time()
+    for i in range(handoffs // OBSERVE_GROUPS):
+        t += 0.001
+        for group in groups:
+            handle(ev.Acquire(now=t, group=group, job=waiter, call_id=f"{group}-{waiter}{i}"))
+            handle(ev.Yield(now=t, group=group, job=holder))
+        holder, waiter = waiter, holder
+    return (time.process_time() - started) / (handoffs // OBSERVE_GROUPS * OBSERVE_GROUPS)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     latency: dict[str, list[float]] = {name: [] for name in VARIANTS}
     rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -133,6 +173,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result["scrapes"] = len(scrapes)
     result["scrape_p50_ms"] = statistics.median(s for s, _ in scrapes) * ms if scrapes else None
     result["scrape_bytes_max"] = max((b for _, b in scrapes), default=0)
+    plain = [measure_observe(args.observe_handoffs, False) for _ in range(args.rounds)]
+    fed = [measure_observe(args.observe_handoffs, True) for _ in range(args.rounds)]
+    result["observe"] = {
+        "handoffs": args.observe_handoffs,
+        "table_us_per_handoff": statistics.median(plain) * 1e6,
+        "observed_us_per_handoff": statistics.median(fed) * 1e6,
+    }
+    result["observe"]["added_us_per_handoff"] = (
+        result["observe"]["observed_us_per_handoff"] - result["observe"]["table_us_per_handoff"]
+    )
     result["target"] = TARGET
     result["parameters"] = {
         "rounds": args.rounds,
@@ -162,6 +212,13 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print()
     print(format_table(summary(r)))
+    o = r["observe"]
+    print(
+        f"lock table alone {o['table_us_per_handoff']:.1f} us of CPU per handoff; with every"
+        f" effect observed {o['observed_us_per_handoff']:.1f} us"
+        f" (+{o['added_us_per_handoff']:.1f} us, {o['handoffs']} handoffs in"
+        f" {OBSERVE_GROUPS} groups)"
+    )
     for key, label in [
         ("handoff_p50_on_over_off", "handoff p50, on / off"),
         ("handoff_p99_on_over_off", "handoff p99, on / off"),
@@ -199,12 +256,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cycle-warmup", type=float, default=1.0, help="seconds before counting")
     parser.add_argument("--window", type=float, default=5.0, help="seconds of counted cycles")
     parser.add_argument(
+        "--observe-handoffs", type=int, default=20_000, help="handoffs of the in-process run"
+    )
+    parser.add_argument(
         "--scrape-interval", type=float, default=1.0, help="seconds between scrapes (on)"
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.handoffs, args.warmup = 1, min(args.handoffs, 60), min(args.warmup, 10)
         args.cycle_warmup, args.window = min(args.cycle_warmup, 0.5), min(args.window, 1.5)
+        args.observe_handoffs = min(args.observe_handoffs, 2000)
     return args
 
 

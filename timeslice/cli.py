@@ -60,6 +60,13 @@ LogFormat = Annotated[
     str,
     typer.Option(help="text (for a person) or json (one object per line, for a log pipeline)."),
 ]
+MetricsPort = Annotated[
+    int,
+    typer.Option(help="Serve /metrics, /healthz and /readyz over HTTP on this port (0: off)."),
+]
+MetricsHost = Annotated[
+    str | None, typer.Option(help="Address of the metrics port (default: --host).")
+]
 
 
 @app.callback()
@@ -231,6 +238,8 @@ def serve_orchestrator(
     agent_tls_key: AgentTlsKey = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = None,
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -263,6 +272,8 @@ def serve_orchestrator(
         "max_waiters_per_group": ("max_waiters_per_group", max_waiters_per_group),
         "kubernetes": ("kubernetes", kubernetes),
         "kubeconfig": ("kubeconfig", kubeconfig),
+        "metrics_port": ("metrics_port", metrics_port),
+        "metrics_host": ("metrics_host", metrics_host),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -274,6 +285,8 @@ def serve_orchestrator(
         "max_waiters_per_group",
         "kubernetes",
         "kubeconfig",
+        "metrics_port",
+        "metrics_host",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(ctx, log_level, log_format)
@@ -397,6 +410,8 @@ def serve_agent(
     orchestrator_tls_key: OrchestratorTlsKey = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = None,
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts).
 
@@ -443,6 +458,8 @@ def serve_agent(
                 socket=socket_path,
                 app_endpoint_allow=tuple(app_endpoint_allow or ()),
                 cgroup_root=cgroup_root,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None

@@ -56,6 +56,14 @@ def check_pod_uid(uid: object) -> str:
     return uid
 
 
+def check_metrics_port(port: int, host: str | None) -> None:
+    """A server's metrics port (0: off) and host (None: the server's own)."""
+    if not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"metrics port {port} is out of range")
+    if host is not None and (not host or host != host.strip() or len(host) > 255):
+        raise InvalidArgumentError(f"metrics host {host!r} is not a host name or address")
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a server listens: a TCP host and port, or a Unix socket path."""

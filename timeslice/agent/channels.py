@@ -207,6 +207,10 @@ class WorkloadChannels:
             return True
         return False
 
+    def __len__(self) -> int:
+        """The channels attached now."""
+        return len(self._channels)
+
     def get(self, group: str, job: str) -> WorkloadChannel | None:
         """The job's open channel (a workload registered without a group answers for any)."""
         return self._channels.get((group, job)) or self._channels.get(("", job))

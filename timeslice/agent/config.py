@@ -13,7 +13,7 @@ from timeslice.errors import InvalidArgumentError
 from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
 from timeslice.security.tls import ClientTls, ServerTls, check_token
-from timeslice.ids import check_id, parse_target
+from timeslice.ids import check_id, check_metrics_port, parse_target
 
 MiB = 1024 * 1024
 
@@ -75,10 +75,15 @@ class AgentConfig:
     # Where the node's cgroups are mounted (`--cgroup-root`): the cuda backend finds
     # a pod's processes there (see `timeslice.backends._cgroups`).
     cgroup_root: str = "/sys/fs/cgroup"
+    # Prometheus metrics and the HTTP probes (/metrics, /healthz, /readyz) on this
+    # port (0: off), on `metrics_host` (None: the agent's own host).
+    metrics_port: int = 0
+    metrics_host: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        check_metrics_port(self.metrics_port, self.metrics_host)
         check_exposure(
             "the agent",
             self.host,

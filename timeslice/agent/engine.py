@@ -63,6 +63,8 @@ class AgentEngine:
         self._done: dict[str, asyncio.Event] = {}  # set once an operation's end is saved
         self._ended: dict[str, asyncio.Event] = {}  # set as soon as it is in the table
         self._timer: asyncio.TimerHandle | None = None
+        #: Told every operation that ends, once its end is saved (the metrics).
+        self.finished: Callable[[Operation], None] | None = None
 
     @property
     def saved(self) -> bool:
@@ -145,6 +147,8 @@ class AgentEngine:
                         operation_ended(op, self._node)
                     if (event := self._done.pop(op_id, None)) is not None:
                         event.set()
+                    if self.finished is not None and (op := self.table.operations.get(op_id)):
+                        self.finished(op)
                 case st.Reconcile(group=group, job=job):
                     task = self._spawn(self._reconcile(group, job))
                     self._background.add(task)

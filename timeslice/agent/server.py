@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from timeslice.agent import state as st
 from timeslice.agent.channels import WorkloadChannel, WorkloadChannels
@@ -44,6 +44,10 @@ from timeslice.errors import ConflictError, InvalidArgumentError, TimeSliceError
 from timeslice.fencing import proves
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness, OpKind
+
+if TYPE_CHECKING:  # imported when metrics are on: prometheus-client is slow to load
+    from timeslice.metrics.agent import AgentMetrics
+    from timeslice.metrics.http import MetricsServer
 
 __all__ = ["Agent", "AgentConfig"]
 
@@ -91,6 +95,9 @@ class Agent:
         self._link: OrchestratorLink | None = None
         # Per group, the newest fencing token the orchestrator said it issued.
         self._issued_tokens: dict[str, int] = {}
+        #: The metrics (with `metrics_port` set, once started), and their port.
+        self.metrics: AgentMetrics | None = None
+        self._metrics_server: MetricsServer | None = None
 
     def _new_table(self, saved: dict[str, Any] | None = None) -> JobTable:
         retention, max_jobs = self.config.operation_retention, self.config.max_jobs
@@ -136,6 +143,7 @@ class Agent:
             await self.engine.apply(st.Recover(now=time.time()))
             await self._listen()
             await self._listen_unix()
+            await self._serve_metrics()
             self.gate.open = True
             if self.config.orchestrator is not None:
                 self._link = OrchestratorLink(
@@ -180,6 +188,8 @@ class Agent:
             except Exception:
                 log.exception("closing backend %s failed", backend.name)
         await self._store.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
 
     async def __aenter__(self) -> Agent:
         await self.start()
@@ -225,6 +235,30 @@ class Agent:
             "the agent",
         )
         self._address = await self._server.serve_configured(self.config)
+
+    async def _serve_metrics(self) -> None:
+        """Metrics and the HTTP probes on `metrics_port` (when set), fed by the engine."""
+        if not self.config.metrics_port:
+            return
+        from timeslice.metrics.agent import AgentMetrics
+        from timeslice.metrics.http import MetricsServer
+
+        self.metrics = AgentMetrics(
+            lambda: (job.state for job in self.table.jobs.values()), lambda: len(self.channels)
+        )
+        self.engine.finished = self.metrics.finished
+        host = self.config.metrics_host or self.config.host
+        server = MetricsServer(
+            host, self.config.metrics_port, self.metrics.registry, lambda: self.serving
+        )
+        await server.start()
+        self._metrics_server = server
+        log.info("metrics on http://%s/metrics", server.address)
+
+    @property
+    def metrics_address(self) -> str | None:
+        """ "HOST:PORT" of the metrics and probe port (None: off or not started)."""
+        return self._metrics_server.address if self._metrics_server is not None else None
 
     async def _listen_unix(self) -> None:
         """Serve the same services on the Unix socket too, if configured."""

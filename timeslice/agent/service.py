@@ -35,7 +35,7 @@ from timeslice.agent.messages import (
 from timeslice.agent.state import Job, JobState
 from timeslice.agent.switching import BackendChoice, SwitchHost, switch_group
 from timeslice.api.backend_config import backend_of
-from timeslice.api.gen.grpc.health import v1 as health
+from timeslice.api.health import HealthService as SharedHealthService
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.api.serving import CallGate, edge_mapping
 from timeslice.backends import AcceleratorMemory, Backend
@@ -337,40 +337,17 @@ def _sees(caller: Caller, job: Job) -> bool:
     return principal.may_touch(job.group)
 
 
-class HealthService(health.HealthBase):
+class HealthService(SharedHealthService):
     """The standard health service: SERVING while the agent serves; a backend's name
     as the service asks whether that backend is available."""
 
     def __init__(self, agent: AgentApi) -> None:
         self.agent = agent
+        super().__init__(agent.gate, agent.stopping, self._serving)
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return edge_mapping(super().__mapping__(), self, self.agent.gate)
-
-    def _status(self, service: str) -> health.HealthCheckResponseServingStatus:
+    def _serving(self, service: str) -> bool:
         if service not in ("", SERVICE_NAME) and service not in self.agent.backends:
             if service not in self.agent.unavailable:
                 raise NotFoundError(f"unknown service {service!r}")
-            return health.HealthCheckResponseServingStatus.NOT_SERVING
-        serving = self.agent.serving
-        return (
-            health.HealthCheckResponseServingStatus.SERVING
-            if serving
-            else health.HealthCheckResponseServingStatus.NOT_SERVING
-        )
-
-    async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
-        return health.HealthCheckResponse(status=self._status(message.service))
-
-    async def watch(
-        self, message: health.HealthCheckRequest
-    ) -> AsyncIterator[health.HealthCheckResponse]:
-        """The status now, then NOT_SERVING when the agent starts closing (the stream
-        ends then, as the agent stops)."""
-        status = self._status(message.service)
-        yield health.HealthCheckResponse(status=status)
-        await self.agent.stopping.wait()
-        if status != health.HealthCheckResponseServingStatus.NOT_SERVING:
-            yield health.HealthCheckResponse(
-                status=health.HealthCheckResponseServingStatus.NOT_SERVING
-            )
+            return False
+        return self.agent.serving

@@ -12,7 +12,7 @@ from timeslice.errors import InvalidArgumentError
 from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
 from timeslice.security.tls import ClientTls, ServerTls, check_token
-from timeslice.ids import check_id, check_node
+from timeslice.ids import check_id, check_metrics_port, check_node
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import DEFAULT_RETENTION
 from timeslice.orchestrator.model import GroupPolicy, HoldLimit, TableLimits
@@ -99,6 +99,10 @@ class OrchestratorConfig:
     # must only grow), and jobs waiting for one group at most.
     max_groups: int = 10_000
     max_waiters_per_group: int = 10_000
+    # Prometheus metrics and the HTTP probes (/metrics, /healthz, /readyz) on this
+    # port (0: off), on `metrics_host` (None: the server's own host).
+    metrics_port: int = 0
+    metrics_host: str | None = None
 
     def table_limits(self) -> TableLimits:
         """What the lock table admits."""
@@ -110,6 +114,7 @@ class OrchestratorConfig:
         self.table_limits()  # checks them
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
+        check_metrics_port(self.metrics_port, self.metrics_host)
         check_exposure(
             "the orchestrator",
             self.host,

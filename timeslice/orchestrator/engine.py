@@ -75,6 +75,8 @@ class JournalEngine:
         self.failure: BaseException | None = None
         #: Told each event with its effects once they are acted on (logs, metrics).
         self.observers: list[Callable[[Event, list[Effect]], None]] = []
+        #: Told the seconds and events of every journal write (the metrics); None: nobody.
+        self.committed: Callable[[float, int], None] | None = None
 
     def apply(self, event: Event) -> asyncio.Future[list[Effect]]:
         """Handle `event` now; the future resolves once it is durable and acted on.
@@ -117,11 +119,14 @@ class JournalEngine:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                began = time.perf_counter()
                 try:
                     seq = await self.journal.append([event for event, _, _ in batch])
                 except Exception as exc:
                     self.fail(exc, "journal write failed", batch)
                     return
+                if self.committed is not None:
+                    self.committed(time.perf_counter() - began, len(batch))
                 if self.failure is not None:  # the journal's claim was lost meanwhile
                     self.fail(self.failure, "journal write failed", batch)
                     return

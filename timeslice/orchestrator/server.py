@@ -21,9 +21,10 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from timeslice.api.connections import connection_limits
+from timeslice.api.health import HealthService
 from timeslice.security.callers import Authenticator
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
@@ -52,7 +53,14 @@ from timeslice.orchestrator.watches import Notice as Notice  # for watchers to i
 from timeslice.orchestrator.watches import Render, WatchHub
 from timeslice.orchestrator.watches import Watch as Watch  # for watchers to import here
 
+if TYPE_CHECKING:  # imported when metrics are on: prometheus-client is slow to load
+    from timeslice.metrics.http import MetricsServer
+    from timeslice.metrics.orchestrator import OrchestratorMetrics
+
 __all__ = ["Notice", "Orchestrator", "OrchestratorConfig", "Watch"]
+
+#: The name the health service answers for, besides "" (the whole server).
+SERVICE_NAME = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +99,9 @@ class Orchestrator:
         self._closer: asyncio.Task[None] | None = None
         self._start_failure: BaseException | None = None
         self.discovery: KubernetesDiscovery | None = None
+        #: The metrics (with `metrics_port` set, once started), and their port.
+        self.metrics: OrchestratorMetrics | None = None
+        self._metrics_server: MetricsServer | None = None
 
     @property
     def table(self) -> LockTable:
@@ -98,6 +109,16 @@ class Orchestrator:
         if self.engine is None:
             raise RuntimeError("the orchestrator is not started")
         return self.engine.table
+
+    @property
+    def serving(self) -> bool:
+        """Whether it may grant now: started, its journal open, not closing."""
+        return self._state == "serving" and self.failure is None
+
+    @property
+    def metrics_address(self) -> str | None:
+        """ "HOST:PORT" of the metrics and probe port (None: off or not started)."""
+        return self._metrics_server.address if self._metrics_server is not None else None
 
     @property
     def failure(self) -> BaseException | None:
@@ -172,6 +193,8 @@ class Orchestrator:
         await self.agents.close()
         if self._journal is not None:
             await self._journal.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
@@ -225,10 +248,44 @@ class Orchestrator:
                 )
 
     async def _listen(self) -> None:
+        health = HealthService(self.gate, self._closing, self._health)
         self._server = GrpcServer(
-            [OrchestratorService(self)], connection_limits(self.config), "the orchestrator"
+            [OrchestratorService(self), health], connection_limits(self.config), "the orchestrator"
         )
         self._address = await self._server.serve_configured(self.config)
+        await self._serve_metrics()
+
+    def _health(self, service: str) -> bool:
+        if service not in ("", SERVICE_NAME):
+            raise NotFoundError(f"unknown service {service!r}")
+        return self.serving
+
+    async def _serve_metrics(self) -> None:
+        """Metrics and the HTTP probes on `metrics_port` (when set), fed by the engine."""
+        if not self.config.metrics_port or self.engine is None:
+            return
+        from timeslice.metrics.http import MetricsServer
+        from timeslice.metrics.orchestrator import OrchestratorMetrics
+
+        engine, now = self.engine, time.time()
+        self.metrics = OrchestratorMetrics(
+            lambda: ((g.name, len(g.queue)) for g in engine.table.groups.values()),
+            lambda: len(self.agents.addresses),
+        )
+        self.metrics.seed(
+            (g.name, h.token, h.job, now)
+            for g in engine.table.groups.values()
+            if (h := g.holder) is not None and not h.switching
+        )
+        engine.observers.append(self.metrics.observe)
+        engine.committed = self.metrics.committed
+        host = self.config.metrics_host or self.config.host
+        server = MetricsServer(
+            host, self.config.metrics_port, self.metrics.registry, lambda: self.serving
+        )
+        await server.start()
+        self._metrics_server = server
+        log.info("metrics on http://%s/metrics", server.address)
 
     async def _discover(self) -> None:
         """Follow Kubernetes labels, if configured (its client is imported only then)."""

@@ -1,0 +1,44 @@
+"""Scraping a server's `/metrics` in tests: every sample by name and labels,
+parsed by prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the metrics port takes
+    no 0: that is "off")."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def scrape(address: str) -> Samples:
+    """Every sample `GET http://ADDRESS/metrics` answers."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        answer = await client.get(f"http://{address}/metrics")
+    answer.raise_for_status()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """The sample `name{labels}`, 0 when absent (a series not yet made)."""
+    return samples.get((name, frozenset((labels or {}).items())), 0.0)
+
+
+def delta(
+    before: Samples, after: Samples, name: str, labels: Mapping[str, str] | None = None
+) -> float:
+    """How much `name{labels}` moved between two scrapes."""
+    return value(after, name, labels) - value(before, name, labels)

@@ -10,6 +10,7 @@ reads nodes and pods. Each rule is also shown to catch manifests that break it."
 from __future__ import annotations
 
 import copy
+import shlex
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -502,3 +503,54 @@ def test_the_schemas_catch_an_unknown_field(rendered: dict[str, list[Obj]]) -> N
     unknown_field(objects)
     found = schema_problems(objects, KUBERNETES_VERSIONS[0])
     assert any("'hostPid' was unexpected" in problem for problem in found), found
+
+
+# --- the manifests against the program they run ---------------------------------------------
+def serve_words(box: Obj) -> list[str]:
+    """The `timeslice` arguments a container runs: its args, after the words of a
+    `/bin/sh -c 'exec timeslice ... "$@"'` wrapper when it has one."""
+    command, args = list(box.get("command") or ()), list(box.get("args") or ())
+    if command[:2] == ["/bin/sh", "-c"]:
+        words = shlex.split(command[2])
+        start = words.index("timeslice") + 1
+        return [w for w in words[start:] if w != "$@"] + args
+    assert not command, f"{box['name']}: runs {command}, not timeslice"
+    return args
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_option_and_variable_is_one_the_program_reads(
+    rendered: dict[str, list[Obj]], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each server container's command line parses as its `serve` command's (no
+    unknown option, no value of the wrong type), and each TIMESLICE_ variable it
+    sets is one an option or a credential is read from."""
+    import typer.main
+
+    from timeslice.cli import app
+    from timeslice.cli_credentials import ENV_AGENT_TOKEN, ENV_ORCHESTRATOR_TOKEN
+    from timeslice.cli_env import env_names
+
+    for variable in [v for v in os.environ if v.startswith("TIMESLICE_") or v == "NODE_NAME"]:
+        monkeypatch.delenv(variable)
+    group: Any = typer.main.get_command(app)
+    serve = group.get_command(None, "serve")
+    checked = set()
+    for obj in rendered[name]:
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for box in obj["spec"]["template"]["spec"]["containers"]:
+            words = serve_words(box)
+            assert words[:1] == ["serve"], f"{box['name']}: {words}"
+            command = serve.get_command(None, words[1])
+            assert command is not None, f"{box['name']}: no command serve {words[1]}"
+            command.make_context(f"serve {words[1]}", words[2:])  # raises on a bad option
+            readable = {ENV_AGENT_TOKEN, ENV_ORCHESTRATOR_TOKEN}
+            for param in command.params:
+                if param.opts and param.opts[0].startswith("--"):
+                    readable |= set(env_names(param))
+            for env in box.get("env") or ():
+                if env["name"].startswith("TIMESLICE_"):
+                    assert env["name"] in readable, f"{box['name']}: {env['name']} is read by nothing"
+            checked.add(words[1])
+    assert checked == {"orchestrator", "agent"}

@@ -162,7 +162,11 @@ async def test_two_switches_move_every_metric_by_what_happened() -> None:
 async def test_metrics_are_off_by_default_and_each_server_has_its_own() -> None:
     async with Orchestrator() as plain:
         assert plain.metrics is None and plain.metrics_address is None
-        assert plain.engine is not None and plain.engine.observe is None
+        assert plain.engine is not None and plain.engine.committed is None
+        assert not any(
+            getattr(o, "__self__", None).__class__.__name__ == "OrchestratorMetrics"
+            for o in plain.engine.observers
+        )
     async with (
         Orchestrator(metrics_port=free_port()) as one,
         Orchestrator(metrics_port=free_port()) as two,

@@ -162,4 +162,7 @@ async def test_each_decision_is_one_json_line_with_its_fields(json_log: io.Strin
                 lambda: len(decisions(json_log, "channel", phase="close")) == 2, "channels close"
             )
         await until(lambda: decisions(json_log, "agent-lost", node="n1"), "n1 leaves")
+        # The agent stopped and closed its session: said at INFO, not as a loss.
+        lost = one(json_log, "agent-lost", node="n1")
+        assert lost["closed"] is True and lost["level"] == "INFO", lost
         orch.table.validate()

@@ -63,6 +63,9 @@ HEALTHY_SESSION_SEC = 5.0
 # How long a command with a fencing token new to this agent waits for the
 # orchestrator to say whether it issued that token.
 TOKEN_CHECK_TIMEOUT_SEC = 5.0
+# How long a closing agent waits for the orchestrator to take the end of its
+# session (so that it is told the agent left, not that it was lost).
+CLOSE_TIMEOUT_SEC = 1.0
 
 
 class OrchestratorLink:
@@ -82,6 +85,7 @@ class OrchestratorLink:
         self.tls = tls
         self.token = token or None
         self._task: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self._pidfds: dict[int, int] = {}
         self._accelerators: list[apb.AcceleratorStatus] = []
         #: Reports the orchestrator has accepted (tests and logs read it).
@@ -111,6 +115,7 @@ class OrchestratorLink:
         return status.group.fencing_token
 
     def start(self) -> None:
+        self._closing.clear()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
@@ -118,6 +123,9 @@ class OrchestratorLink:
             await self._client.close()
             self._client = None
         if self._task is not None:
+            # End the session's stream first, as a clean leave; then stop trying.
+            self._closing.set()
+            await asyncio.wait({self._task}, timeout=CLOSE_TIMEOUT_SEC)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -127,7 +135,7 @@ class OrchestratorLink:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         delays = backoff_delays()
-        while True:
+        while not self._closing.is_set():
             target = parse_target(self.target)
             channel = open_channel(target, self.tls, self.token)
             began = loop.time()
@@ -141,7 +149,8 @@ class OrchestratorLink:
                 close_channel(channel)
             if loop.time() - began > HEALTHY_SESSION_SEC:
                 delays = backoff_delays()
-            await asyncio.sleep(next(delays))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), next(delays))
 
     async def _session(self, channel: Channel) -> None:
         async with channel.request(
@@ -158,6 +167,7 @@ class OrchestratorLink:
             # The orchestrator answers only when it ends the session (or the
             # connection breaks): waiting for that answer tells us.
             ended = asyncio.ensure_future(stream.recv_message())
+            closing = asyncio.ensure_future(self._closing.wait())
             last: tuple[object, ...] | None = None
             try:
                 while True:
@@ -170,15 +180,21 @@ class OrchestratorLink:
                         last = seen
                     changed = asyncio.ensure_future(self.agent.changed.wait())
                     try:
-                        await asyncio.wait({ended, changed}, return_when=asyncio.FIRST_COMPLETED)
+                        await asyncio.wait(
+                            {ended, changed, closing}, return_when=asyncio.FIRST_COMPLETED
+                        )
                     finally:
                         changed.cancel()  # also when this task is cancelled
+                    if closing.done() and not ended.done():
+                        await stream.end()  # the agent leaves: the orchestrator answers
+                        await ended
                     if ended.done():
                         ended.result()  # raises why the orchestrator ended it
                         return
             finally:
-                ended.cancel()
-                await asyncio.gather(ended, return_exceptions=True)
+                for waiting in (ended, closing):
+                    waiting.cancel()
+                await asyncio.gather(ended, closing, return_exceptions=True)
 
     def report(self) -> opb.AgentReport:
         """The agent as the orchestrator should see it now."""

@@ -93,12 +93,12 @@ class AgentDirectory:
         self._arrived.set()
         self._arrived = asyncio.Event()
 
-    def left(self, session: object, node: str) -> None:
-        """An agent's `session` ended: what it said is no longer known (unless a newer
-        session of the same node took over)."""
+    def left(self, session: object, node: str, closed: bool = False) -> None:
+        """An agent's `session` ended (`closed`: by either side, not broken off): what
+        it said is no longer known (unless a newer session of the same node took over)."""
         if self._sessions.get(node) is session:
             del self._sessions[node]
-            agent_lost(node, self.addresses.pop(node, ""))
+            agent_lost(node, self.addresses.pop(node, ""), closed)
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
             self._token_keys.pop(node, None)

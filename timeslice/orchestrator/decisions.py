@@ -268,7 +268,16 @@ def agent_joined(node: str, address: str) -> None:
     log.info("agent-joined: %s at %s", node, address, extra=fields)
 
 
-def agent_lost(node: str, address: str) -> None:
-    """An agent's session ended."""
-    fields = decision_fields("agent-lost", node=node, address=address)
-    log.warning("agent-lost: %s at %s: its session ended", node, address, extra=fields)
+def agent_lost(node: str, address: str, closed: bool = False) -> None:
+    """An agent's session ended: `closed` by either side (an agent stopping, the
+    orchestrator closing: INFO), or else broken off (WARNING)."""
+    fields = decision_fields("agent-lost", node=node, address=address, closed=closed)
+    how = "its session was closed" if closed else "its session broke off"
+    log.log(
+        logging.INFO if closed else logging.WARNING,
+        "agent-lost: %s at %s: %s",
+        node,
+        address,
+        how,
+        extra=fields,
+    )

@@ -61,9 +61,9 @@ class Membership:
             if node in nodes or address in nodes:
                 self.check_holder(group)
 
-    def left(self, session: object, node: str) -> None:
-        """An agent's session ended."""
-        self._agents.left(session, node)
+    def left(self, session: object, node: str, closed: bool = False) -> None:
+        """An agent's session ended (`closed`: by either side, not broken off)."""
+        self._agents.left(session, node, closed)
 
     def check_holder(self, group: str) -> None:
         """Tell the table what the agents of `group`'s nodes see of its holder's

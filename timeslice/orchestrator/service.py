@@ -338,7 +338,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         return pb.SetGroupNodesResponse()
 
     async def agent_session(self, messages: AsyncIterator[pb.AgentReport]) -> pb.AgentSessionEnd:
-        session, node = object(), ""
+        session, node, closed = object(), "", False
         try:
             async for report in self.orch.until_closed(messages):
                 # Every report, not the first only: a session may not change nodes.
@@ -358,9 +358,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                     report.token_key,
                 )
                 node = report.node_name
+            closed = True
         finally:
             if node:
-                self.orch.membership.left(session, node)
+                self.orch.membership.left(session, node, closed)
         return pb.AgentSessionEnd()
 
     # --- encoding ---------------------------------------------------------------------

@@ -109,9 +109,12 @@ async def test_an_agents_health_still_answers_as_before() -> None:
 
 
 @asynccontextmanager
-async def endpoint(ready: list[bool], **limits: float) -> AsyncIterator[str]:
-    registry = CollectorRegistry()
-    Counter("probe_test_things", "Things.", registry=registry).inc(3)
+async def endpoint(
+    ready: list[bool], registry: CollectorRegistry | None = None, **limits: float
+) -> AsyncIterator[str]:
+    if registry is None:
+        registry = CollectorRegistry()
+        Counter("probe_test_things", "Things.", registry=registry).inc(3)
     server = MetricsServer("127.0.0.1", 0, registry, lambda: ready[0], **limits)  # type: ignore[arg-type]
     await server.start()
     try:
@@ -152,6 +155,21 @@ async def test_the_endpoint_serves_its_three_paths() -> None:
         assert (
             status_of(await exchange(address, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
         )
+
+
+async def test_scrapes_render_the_registry_at_most_once_an_interval() -> None:
+    """However many scrapers there are, the event loop renders the registry at most
+    once per `min_render_interval`; a scrape after it sees what changed."""
+    registry = CollectorRegistry()
+    things = Counter("probe_test_things", "Things.", registry=registry)
+    get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with endpoint([True], registry, min_render_interval=1.0) as address:
+        first = await exchange(address, get)
+        things.inc(5)
+        flood = await asyncio.gather(*(exchange(address, get) for _ in range(20)))
+        assert all(b"probe_test_things_total 0.0" in answer for answer in [first, *flood])
+        await asyncio.sleep(1.1)
+        assert b"probe_test_things_total 5.0" in await exchange(address, get)
 
 
 @pytest.mark.parametrize(

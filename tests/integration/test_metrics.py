@@ -23,6 +23,13 @@ pytestmark = pytest.mark.timeout(30)
 G = {"group_id": "g"}
 
 
+@pytest.fixture(autouse=True)
+def render_every_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each scrape here sees the metrics as they are now (the servers render at most
+    once a second otherwise)."""
+    monkeypatch.setattr("timeslice.metrics.http.MIN_RENDER_INTERVAL", 0.0)
+
+
 @asynccontextmanager
 async def cluster() -> AsyncIterator[
     tuple[Orchestrator, Agent, dict[str, AsyncTimeSliceOrchestratorClient]]

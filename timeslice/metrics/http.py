@@ -11,7 +11,10 @@ paths (405 for another method, 404 for another path, 400 for what does not parse
 The HTTP parsing is h11's (a sans-IO HTTP/1.1 implementation), so this module
 only moves bytes and picks the answer.
 
-- `/metrics`: the registry's exposition in Prometheus' text format;
+- `/metrics`: the registry's exposition in Prometheus' text format, rendered at
+  most once every `min_render_interval` seconds (1 s): a scrape within it gets the
+  last rendering, so that no number of scrapers makes the event loop render (some
+  milliseconds for a few hundred jobs) more often than that;
 - `/healthz`: 200 while the process serves this port;
 - `/readyz`: 200 while `ready()` says so (the gRPC health service's SERVING), else 503.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -30,6 +34,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 log = logging.getLogger(__name__)
 
 PATHS = ("/metrics", "/healthz", "/readyz")
+# The least time between two renderings of the registry, in seconds.
+MIN_RENDER_INTERVAL = 1.0
 _TEXT = b"text/plain; charset=utf-8"
 
 
@@ -46,6 +52,7 @@ class MetricsServer:
         max_connections: int = 32,
         max_head_bytes: int = 8192,
         timeout: float = 5.0,
+        min_render_interval: float | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.registry = registry
@@ -53,6 +60,13 @@ class MetricsServer:
         self.max_connections = max_connections
         self.max_head_bytes = max_head_bytes
         self.timeout = timeout
+        self.min_render_interval = (
+            MIN_RENDER_INTERVAL if min_render_interval is None else min_render_interval
+        )
+        # (when, what) of the last rendering of the registry.
+        self._rendered: tuple[float, bytes] | None = None
+        #: Renderings of the registry so far (tests read it).
+        self.renders = 0
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._address: str | None = None
@@ -120,6 +134,15 @@ class MetricsServer:
         # A HEAD answer has the headers of the GET one and no body (h11 sends none).
         await _send(writer, conn, status, kind, body, request.method != b"HEAD")
 
+    def _exposition(self) -> bytes:
+        """The registry's text, rendered again only once the last rendering is
+        `min_render_interval` old."""
+        now = time.monotonic()
+        if self._rendered is None or now - self._rendered[0] >= self.min_render_interval:
+            self._rendered = (now, generate_latest(self.registry))
+            self.renders += 1
+        return self._rendered[1]
+
     def _answer(self, request: h11.Request) -> tuple[int, bytes, bytes]:
         path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
         if path not in PATHS:
@@ -127,7 +150,7 @@ class MetricsServer:
         if request.method not in (b"GET", b"HEAD"):
             return 405, _TEXT, b"method not allowed: GET or HEAD\n"
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.registry)
+            return 200, CONTENT_TYPE_LATEST.encode(), self._exposition()
         if path == "/healthz":
             return 200, _TEXT, b"ok\n"
         if self.ready():

@@ -1,9 +1,9 @@
 """The trace export (Trace Event Format JSON, as Perfetto's UI and chrome://tracing
 read it), checked against the format's rules: each phase's required keys and types,
 microsecond times, slices that nest on each thread, times in order on every track,
-and a name for every process and thread. No trace parser runs offline here:
-Perfetto's Python trace processor downloads its binary on first use, so
-`check_trace` states the rules those viewers apply."""
+and a name for every process and thread. `check_trace` states the rules those
+viewers apply; test_trace_engine.py also loads the export in Chrome DevTools' trace
+engine (Perfetto's Python trace processor downloads its binary on first use)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def check_trace(doc: Any) -> None:
     last_ts: dict[tuple[Any, ...], float] = {}
     # Viewers hold times as whole nanoseconds once read (Perfetto does): so does this.
     open_slices: dict[tuple[int, int], list[int]] = defaultdict(list)
+    # Chrome DevTools does not round: it compares the float sums ts + dur.
+    open_sums: dict[tuple[int, int], list[float]] = defaultdict(list)
     for event in doc["traceEvents"]:
         assert isinstance(event, dict), event
         ph = event.get("ph")
@@ -86,6 +88,12 @@ def check_trace(doc: Any) -> None:
             end = start + round(event["dur"] * 1000)
             assert not stack or end <= stack[-1], f"crosses the slice open: {event}"
             stack.append(end)
+            sums = open_sums[(pid, tid)]
+            while sums and sums[-1] <= ts:
+                sums.pop()
+            end_sum = ts + event["dur"]
+            assert not sums or end_sum <= sums[-1], f"crosses the slice open (as floats): {event}"
+            sums.append(end_sum)
     assert used_processes <= named_processes, used_processes - named_processes
     assert used_threads <= named_threads, used_threads - named_threads
 
@@ -150,6 +158,21 @@ def test_spans_that_would_cross_go_on_a_thread_beside() -> None:
     doc = trace_document([replace(tl, spans=(*tl.spans, late))])
     check_trace(doc)
     assert "A (2)" in thread_names(doc).values()
+
+
+def test_a_slice_ends_where_the_next_starts_as_floats_too() -> None:
+    # 215697.765 + 47800.78 is 263498.54500000004: with that dur, DevTools took the hold
+    # that starts at 263498.545 for a slice crossing the wait, and dropped it.
+    assert 215697.765 + 47800.78 > 263498.545
+    tl = fold(*two_node_handover())
+    Span = type(tl.spans[0])
+    wait = Span("g", "A", "wait", tl.start + 0.215697765, tl.start + 0.263498545)
+    hold = Span("g", "A", "hold", tl.start + 0.263498545, tl.start + 0.29)
+    doc = trace_document([replace(tl, spans=(*tl.spans, wait, hold))])
+    check_trace(doc)
+    first, second = (e for e in events(doc, "X") if e["ts"] in (215697.765, 263498.545))
+    assert first["ts"] + first["dur"] == second["ts"]
+    assert round(first["dur"] * 1000) == 47_800_780  # to the nanosecond, as before
 
 
 BROKEN: list[tuple[str, Any]] = [

@@ -12,6 +12,7 @@ beside it ("A (2)"), so that a viewer never drops one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
@@ -53,16 +54,30 @@ def lanes(intervals: Sequence[tuple[float, float]]) -> list[int]:
     return lane_of
 
 
+def _duration(ts: float, end: float) -> float:
+    """The `dur` from `ts` to `end` (both in microseconds, `end` not before `ts`) whose
+    float sum `ts + dur` is `end` itself where one is: Chrome DevTools compares those
+    sums with the next slice's `ts`, and drops a slice that seems to cross by one ulp."""
+    dur = end - ts
+    for _ in range(8):
+        total = ts + dur
+        if total == end:
+            return dur
+        dur = math.nextafter(dur, -math.inf if total > end else math.inf)
+    return end - ts
+
+
 def _complete(
     name: str, start: float, end: float, pid: int, tid: int, origin: float, args: dict[str, Any]
 ) -> dict[str, Any]:
+    # The end rounded as the start is, so that what nests in seconds nests here.
+    ts = _us(start - origin)
     return {
         "name": name,
         "cat": _CATEGORY,
         "ph": "X",
-        # The end rounded as the start is, so that what nests in seconds nests here.
-        "ts": _us(start - origin),
-        "dur": max(0, _ns(end - origin) - _ns(start - origin)) / 1000,
+        "ts": ts,
+        "dur": _duration(ts, max(ts, _us(end - origin))),
         "pid": pid,
         "tid": tid,
         "args": {k: v for k, v in args.items() if v is not None and v != ""},

@@ -62,6 +62,9 @@ class AgentDirectory:
         self.tls = tls
         self.token = token
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
+        # The Status question in flight to each agent, shared by every caller that
+        # asks meanwhile: however many ask, an agent has at most one at a time.
+        self._asking: dict[str, asyncio.Future[StatusResponse]] = {}
         # Node name -> address, and the liveness of its jobs by (group, job), for
         # every agent in session now.
         self.addresses: dict[str, str] = {}
@@ -110,10 +113,7 @@ class AgentDirectory:
     async def statuses(self, addresses: Sequence[str]) -> dict[str, StatusResponse | Exception]:
         """Every agent's answer to Status now (or why it gave none), by address."""
         unique = list(dict.fromkeys(addresses))
-        answers = await asyncio.gather(
-            *(self.client(a).status(timeout_sec=self.timeout) for a in unique),
-            return_exceptions=True,
-        )
+        answers = await asyncio.gather(*(self.status(a) for a in unique), return_exceptions=True)
         out: dict[str, StatusResponse | Exception] = {}
         for address, answer in zip(unique, answers, strict=True):
             if isinstance(answer, BaseException) and not isinstance(answer, Exception):
@@ -174,6 +174,23 @@ class AgentDirectory:
                     await self._arrived.wait()
         return address
 
+    async def status(self, address: str) -> StatusResponse:
+        """The agent's answer to Status: the question in flight to it if there is
+        one (asked for someone else a moment ago), else a new one."""
+        asking = self._asking.get(address)
+        if asking is None:
+            asking = asyncio.ensure_future(self.client(address).status(timeout_sec=self.timeout))
+            self._asking[address] = asking
+            asking.add_done_callback(lambda done: self._asked(address, done))
+        # Shielded: a caller that gives up does not cancel the others' answer.
+        return await asyncio.shield(asking)
+
+    def _asked(self, address: str, done: asyncio.Future[StatusResponse]) -> None:
+        if self._asking.get(address) is done:
+            del self._asking[address]
+        if not done.cancelled():
+            done.exception()  # retrieved here too: its callers may all have gone
+
     def client(self, address: str) -> AsyncSnapshotAgentClient:
         """The client of the agent at `address`."""
         client = self._clients.get(address)
@@ -201,10 +218,7 @@ class AgentDirectory:
         self, group: str, addresses: Sequence[str]
     ) -> tuple[list[AgentJobView], bool]:
         """What every agent says of `group`'s jobs, and whether every agent answered."""
-        answers = await asyncio.gather(
-            *(self.client(a).status(timeout_sec=self.timeout) for a in addresses),
-            return_exceptions=True,
-        )
+        answers = await asyncio.gather(*(self.status(a) for a in addresses), return_exceptions=True)
         views: list[AgentJobView] = []
         for address, answer in zip(addresses, answers, strict=True):
             if isinstance(answer, StatusResponse):
@@ -219,5 +233,7 @@ class AgentDirectory:
         return views, all(isinstance(a, StatusResponse) for a in answers)
 
     async def close(self) -> None:
+        for asking in list(self._asking.values()):
+            asking.cancel()
         clients, self._clients = self._clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)

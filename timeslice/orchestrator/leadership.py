@@ -1,0 +1,123 @@
+"""The leader lease, as a rule: which orchestrator on a shared journal is active.
+
+Every orchestrator on one PostgreSQL journal is a candidate. The database holds
+one lease row (an epoch, its holder, when it expires on the database's clock);
+exactly one candidate, the one whose epoch and id the row names, is active and
+may write the journal. This module decides, from the row as read and nothing
+else (no I/O, no clock of its own):
+
+- an active renews every third of the lease, and steps down the moment a renewal
+  fails, finds another holder or a higher epoch (`after_renewal`);
+- a standby may take over once the lease has expired on the database's clock,
+  with the next epoch (`takeover_epoch`).
+
+The database applies the same conditions atomically (a conditional UPDATE), so
+two candidates racing for one expired lease cannot both win it; the epoch is the
+fencing token every journal append carries.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from timeslice.errors import InvalidArgumentError
+
+#: How long a lease lasts by default, in seconds.
+DEFAULT_LEADER_LEASE = 5.0
+#: Bounds on a lease: long enough to renew over a real network, short enough to fail over.
+MIN_LEADER_LEASE, MAX_LEADER_LEASE = 0.1, 3600.0
+
+
+def check_lease(seconds: float) -> float:
+    """`seconds`, if it is a usable lease length; InvalidArgumentError otherwise."""
+    if not (isinstance(seconds, int | float) and math.isfinite(seconds)) or not (
+        MIN_LEADER_LEASE <= seconds <= MAX_LEADER_LEASE
+    ):
+        raise InvalidArgumentError(
+            f"leader lease must be between {MIN_LEADER_LEASE} and {MAX_LEADER_LEASE} seconds"
+        )
+    return float(seconds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRow:
+    """The lease row as one statement read it, with the database's clock then."""
+
+    epoch: int
+    holder: str
+    expires_at: float  # seconds, on the database's clock
+    now: float  # the database's clock when the row was read
+
+
+class Role(enum.Enum):
+    STANDBY = "standby"
+    ACTIVE = "active"
+    STEPPED_DOWN = "stepped_down"  # once active, deposed: it never writes again
+
+
+@dataclass(frozen=True, kw_only=True)
+class Standing:
+    """Where one candidate stands: its role, and the epoch it holds when active."""
+
+    role: Role
+    epoch: int = 0
+    why: str = ""  # why it stepped down
+
+
+STANDBY = Standing(role=Role.STANDBY)
+
+
+def renew_every(lease: float) -> float:
+    """How often an active renews: every third of the lease, so that one lost
+    renewal still leaves a renewal's time before the lease runs out."""
+    return lease / 3
+
+
+def expired(row: LeaseRow) -> bool:
+    """Whether the lease has run out on the database's clock (the takeover's
+    `WHERE expires_at < now()`)."""
+    return row.expires_at < row.now
+
+
+def takeover_epoch(row: LeaseRow | None) -> int | None:
+    """The epoch a standby takes the lease with, if it may take it now: one above
+    the row's, once the row's lease has expired (no row yet: epoch 1). None: the
+    lease is held; wait."""
+    if row is None:
+        return 1
+    return row.epoch + 1 if expired(row) else None
+
+
+def after_takeover(row: LeaseRow | None, me: str, epoch: int) -> Standing:
+    """A standby's standing once its takeover statement ran: `row` is the row it
+    wrote (None: the statement matched nothing, someone else won or the lease was
+    renewed)."""
+    if row is not None and row.holder == me and row.epoch == epoch:
+        return Standing(role=Role.ACTIVE, epoch=epoch)
+    return STANDBY
+
+
+def after_renewal(standing: Standing, row: LeaseRow | None, me: str) -> Standing:
+    """An active's standing once its renewal statement ran: `row` is the row the
+    statement renewed (None: it matched nothing, or it failed). Anything but our
+    own epoch and id, renewed, deposes it for good."""
+    if standing.role is not Role.ACTIVE:
+        return standing
+    if row is None:
+        return step_down(standing, "its leader lease could not be renewed")
+    if row.epoch != standing.epoch or row.holder != me:
+        return step_down(
+            standing, f"another orchestrator holds the leader lease (epoch {row.epoch})"
+        )
+    return standing
+
+
+def step_down(standing: Standing, why: str) -> Standing:
+    """An active that may not write any more (a renewal or an append failed)."""
+    if standing.role is Role.STANDBY:
+        return standing
+    if standing.role is Role.STEPPED_DOWN:
+        return standing
+    return Standing(role=Role.STEPPED_DOWN, epoch=standing.epoch, why=why)

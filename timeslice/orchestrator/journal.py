@@ -15,7 +15,10 @@ the retention, not by its age.
 One orchestrator writes a journal at a time: opening one claims it (an OS lock on
 a file next to an SQLite journal; on PostgreSQL an advisory lock, held by a
 connection of its own: `journal_claim`), and a second writer is refused with
-the first one's pid and host. Every journal records its schema version: one written by a newer
+the first one's pid and host. On PostgreSQL with a leader lease (`leader_lease`)
+a second writer waits as a standby instead, and takes over once the active's
+lease expires; every append is then fenced by the writer's epoch
+(`journal_lease`). Every journal records its schema version: one written by a newer
 timeslice, a file that is not SQLite and another application's database are
 refused, never changed.
 """
@@ -40,7 +43,14 @@ from sqlalchemy.pool import StaticPool
 
 from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator.events import Event, event_from_dict, event_to_dict
-from timeslice.orchestrator.journal_claim import FileClaim, PostgresClaim, holder_name
+from timeslice.orchestrator.journal_claim import (
+    FileClaim,
+    PostgresClaim,
+    candidate_name,
+    holder_name,
+)
+from timeslice.orchestrator.journal_lease import LeaderLease, fence
+from timeslice.orchestrator.leadership import LeaseRow, Role
 from timeslice.storage import (
     configure_sqlite,
     database_error,
@@ -227,6 +237,11 @@ class SqlJournal(Journal):
     `read_only` opens it to read what another process writes (no claim, nothing
     created or upgraded). `on_claim_lost` is called (on the event loop) if the
     claim of a PostgreSQL journal goes with its connection: appends fail from then on.
+
+    `leader_lease` (seconds; PostgreSQL only, ignored on SQLite): `open` waits as a
+    standby while another orchestrator holds the journal's leader lease (telling
+    `on_standby` the row, once), takes the lease over when it expires, renews it,
+    and fences every write by its epoch. A lost lease is a lost claim.
     """
 
     def __init__(
@@ -238,6 +253,8 @@ class SqlJournal(Journal):
         on_claim_lost: Callable[[JournalClaimLostError], None] | None = None,
         clock: Callable[[], float] = time.time,
         claim_check_every: float = 5.0,
+        leader_lease: float | None = None,
+        on_standby: Callable[[LeaseRow | None], None] | None = None,
     ) -> None:
         self.url = make_url(normalize_url(url))
         self._sqlite = self.url.get_backend_name() == "sqlite"
@@ -254,6 +271,8 @@ class SqlJournal(Journal):
         # Sequence numbers are handed out here, not by the database: one append at a time.
         self._append_lock = asyncio.Lock()
         self._writer: Any = None  # SQLite: the DB-API connection appends go through
+        self._leader_lease, self._on_standby = leader_lease, on_standby
+        self._lease: LeaderLease | None = None
 
     async def open(self) -> None:
         if self._engine is not None:
@@ -278,7 +297,9 @@ class SqlJournal(Journal):
                     pool_pre_ping=True,
                     connect_args={"server_settings": {"application_name": holder_name()}},
                 )
-                if not self.read_only:
+                if not self.read_only and self._leader_lease is not None:
+                    await self._lead(self._engine, self._leader_lease)
+                elif not self.read_only:
                     self._claim = await PostgresClaim.take(
                         self._engine, self.label, self._lose, self._claim_check_every
                     )
@@ -292,7 +313,58 @@ class SqlJournal(Journal):
                 raise database_error("journal", self.label, exc) from exc
             raise
 
+    @property
+    def shared(self) -> bool:
+        """Whether this journal may have a standby: PostgreSQL with a leader lease."""
+        return not self._sqlite and not self.read_only and self._leader_lease is not None
+
+    @property
+    def epoch(self) -> int:
+        """The leader lease's epoch this writer holds (0: no lease)."""
+        return self._lease.epoch if self._lease is not None else 0
+
+    async def _lead(self, engine: AsyncEngine, lease: float) -> None:
+        """Wait as a standby until this candidate holds the leader lease, then take
+        the advisory lock as well (from a deposed holder, if need be)."""
+        self._lease = LeaderLease(
+            engine, me=candidate_name(), lease=lease, label=self.label, lost=self._lose
+        )
+        told = False
+        while (await self._lease.take_over()).role is Role.STANDBY:
+            if not told and self._on_standby is not None:
+                self._on_standby(self._lease.row)
+            told = True
+            await asyncio.sleep(self._lease.wait_hint())
+        self._claim = await PostgresClaim.take(
+            engine, self.label, self._lose, self._claim_check_every, evict=lease
+        )
+        self._lease.start_renewing()
+
+    async def _fenced(self, fn: Callable[[sa.Connection], _T]) -> _T:
+        """Run `fn` in one transaction that commits only while this writer's epoch
+        holds the leader lease (when it has one)."""
+        lease = self._lease
+        if lease is None:
+            return await self._run(fn)
+        epoch, me, label = lease.epoch, lease.me, self.label
+
+        def in_epoch(conn: sa.Connection) -> _T:
+            fence(conn, epoch, me, label)
+            return fn(conn)
+
+        try:
+            return await self._run(in_epoch)
+        except JournalClaimLostError as exc:
+            lease.step_down(exc.message)
+            raise
+        except Exception as exc:
+            lease.step_down(f"a journal write failed: {exc}")
+            raise
+
     async def close(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.release()
         engine, self._engine = self._engine, None
         writer, self._writer = self._writer, None
         claim, self._claim = self._claim, None
@@ -366,7 +438,7 @@ class SqlJournal(Journal):
                 except sqlite3.Error as exc:
                     raise database_error("journal", self.label, exc) from exc
             else:
-                await self._run(lambda conn: conn.execute(events_table.insert(), rows))
+                await self._fenced(lambda conn: conn.execute(events_table.insert(), rows))
             self._seq = first + len(events) - 1
             return self._seq
 
@@ -387,7 +459,7 @@ class SqlJournal(Journal):
             if upto:
                 conn.execute(events_table.delete().where(events_table.c.seq <= upto))
 
-        await self._run(write)
+        await self._fenced(write)
 
     async def snapshot_before(self, seq: int) -> tuple[int, dict[str, Any]] | None:
         query = (
@@ -478,9 +550,18 @@ def open_journal(
     retention: float = DEFAULT_RETENTION,
     read_only: bool = False,
     on_claim_lost: Callable[[JournalClaimLostError], None] | None = None,
+    leader_lease: float | None = None,
+    on_standby: Callable[[LeaseRow | None], None] | None = None,
 ) -> Journal:
     """The journal for `url`: None or "memory" keeps it in the process; "sqlite:///PATH"
     (or a bare file path) is SQLite; "postgresql://..." is PostgreSQL."""
     if url is None or url == "memory":
         return MemoryJournal(retention=retention)
-    return SqlJournal(url, retention=retention, read_only=read_only, on_claim_lost=on_claim_lost)
+    return SqlJournal(
+        url,
+        retention=retention,
+        read_only=read_only,
+        on_claim_lost=on_claim_lost,
+        leader_lease=leader_lease,
+        on_standby=on_standby,
+    )

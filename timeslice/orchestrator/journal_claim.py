@@ -13,7 +13,9 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import socket
+import time
 import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,6 +30,12 @@ from timeslice.storage import create_private
 
 def holder_name() -> str:
     return f"timeslice:{os.getpid()}@{socket.gethostname()}"[:63]  # PostgreSQL's limit
+
+
+def candidate_name() -> str:
+    """This process's name in a leader lease: its pid and host, and a random part,
+    as two orchestrators in one process are two candidates."""
+    return f"{holder_name()[:54]}/{secrets.token_hex(4)}"
 
 
 def _in_use(label: str, holder: str) -> str:
@@ -96,6 +104,7 @@ _HOLDER = sa.text(
     "SELECT a.pid, a.application_name, a.backend_start FROM pg_locks l"
     f" JOIN pg_stat_activity a ON a.pid = l.pid WHERE {_ADVISORY}"
 )
+_EVICT = sa.text("SELECT pg_terminate_backend(:pid)")
 _STILL_HELD = sa.text(
     f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_ADVISORY} AND l.pid = pg_backend_pid())"
 )
@@ -129,16 +138,25 @@ class PostgresClaim:
         label: str,
         lost: Callable[[JournalClaimLostError], None],
         check_every: float,
+        evict: float | None = None,
     ) -> PostgresClaim:
+        """Take the lock. `evict` (seconds): the caller has just taken the leader
+        lease over, so whoever holds the lock is a deposed orchestrator: end its
+        session (which releases the lock) and take it, trying for that long."""
         conn = await engine.connect()
         keys = dict(zip("ab", _CLAIM_KEYS, strict=True))
         try:
             # No transaction: one held open for the journal's life would stop vacuum.
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             taken = sa.text("SELECT pg_try_advisory_lock(:a, :b)")
-            if not (await conn.execute(taken, keys)).scalar():
+            until = time.monotonic() + (evict or 0.0)
+            while not (await conn.execute(taken, keys)).scalar():
                 holder = (await conn.execute(_HOLDER, keys)).first()
-                raise JournalInUseError(_in_use(label, _describe_pg_holder(holder)))
+                if evict is None or time.monotonic() > until:
+                    raise JournalInUseError(_in_use(label, _describe_pg_holder(holder)))
+                if holder is not None:
+                    await conn.execute(_EVICT, {"pid": holder.pid})
+                await asyncio.sleep(0.02)
             raw = await conn.get_raw_connection()
             return cls(conn, raw.driver_connection, label, lost, check_every)
         except BaseException:

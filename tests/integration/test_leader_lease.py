@@ -1,0 +1,96 @@
+"""Active and standby writers of one PostgreSQL journal (TIMESLICE_TEST_POSTGRES_URL):
+a second writer with a leader lease waits as a standby, takes over when the
+active's lease expires (a higher epoch), and from then on the deposed writer
+commits nothing: its append fails and it steps down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from timeslice.errors import JournalClaimLostError
+from timeslice.orchestrator import events as ev
+from timeslice.orchestrator.journal import SqlJournal
+
+POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.skipif(POSTGRES_URL is None, reason="TIMESLICE_TEST_POSTGRES_URL is not set"),
+]
+LEASE = 0.6
+EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
+
+
+@pytest.fixture
+async def empty_database() -> AsyncIterator[str]:
+    assert POSTGRES_URL is not None
+    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
+    try:
+        async with engine.begin() as conn:
+            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
+                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+    finally:
+        await engine.dispose()
+    yield POSTGRES_URL
+
+
+async def test_a_standby_takes_over_an_expired_lease_and_fences_the_deposed_writer(
+    empty_database: str,
+) -> None:
+    lost: list[JournalClaimLostError] = []
+    waiting: list[object] = []
+    first = SqlJournal(empty_database, leader_lease=LEASE, on_claim_lost=lost.append)
+    second = SqlJournal(empty_database, leader_lease=LEASE, on_standby=waiting.append)
+    await first.open()
+    try:
+        assert first.epoch == 1
+        assert await first.append([EVENT]) == 1
+        standby = asyncio.ensure_future(second.open())
+        await asyncio.sleep(LEASE * 1.5)  # renewed meanwhile: the standby still waits
+        assert not standby.done() and len(waiting) == 1
+        assert await first.append([EVENT]) == 2
+        # freeze the active's renewals: the lease runs out, the standby takes over
+        assert first._lease is not None and first._lease._task is not None
+        first._lease._task.cancel()
+        frozen = time.monotonic()
+        await asyncio.wait_for(standby, LEASE + 2)
+        assert time.monotonic() - frozen < LEASE + 2
+        assert second.epoch == 2
+        # taking the advisory lock ended the deposed one's session: it was told
+        await asyncio.sleep(0.1)
+        assert lost and "claim is lost" in str(lost[0])
+        # a writer frozen before it could notice: its append reaches the database,
+        # commits nothing, and it steps down
+        first._lost = None
+        with pytest.raises(JournalClaimLostError, match="took the leader lease over"):
+            await first.append([EVENT])
+        assert first._lease.standing.role.value == "stepped_down"
+        assert [seq for seq, _, _ in await second.read()] == [1, 2]
+        assert await second.append([EVENT]) == 3
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_closed_active_lets_a_standby_take_over_at_once(empty_database: str) -> None:
+    first = SqlJournal(empty_database, leader_lease=5.0)
+    second = SqlJournal(empty_database, leader_lease=5.0)
+    await first.open()
+    try:
+        standby = asyncio.ensure_future(second.open())
+        await asyncio.sleep(0.2)
+        assert not standby.done()
+        closed = time.monotonic()
+        await first.close()
+        await asyncio.wait_for(standby, 5.0)
+        assert time.monotonic() - closed < 2.5  # not the whole lease
+        assert second.epoch == 2
+    finally:
+        await first.close()
+        await second.close()

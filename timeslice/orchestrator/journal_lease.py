@@ -1,0 +1,193 @@
+"""The leader lease of a PostgreSQL journal: the I/O around `leadership`'s rule.
+
+One row in `leader_lease` (epoch, holder, expires_at), on the database's clock:
+the active renews it with `UPDATE ... WHERE epoch = :mine AND holder = :me`, a
+standby takes it over with one conditional UPDATE that raises the epoch only if
+the lease has expired. Every append and snapshot of the journal locks the row
+(`FOR SHARE`) in its own transaction and commits only if the row still names the
+writer's epoch (`fence`): a takeover, which updates the row, waits for an append
+in flight to commit, and every append after it fails. A deposed or frozen writer
+so commits nothing once a standby has taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from timeslice.errors import JournalClaimLostError
+from timeslice.orchestrator import leadership as ld
+from timeslice.orchestrator.leadership import LeaseRow, Role, Standing
+
+log = logging.getLogger(__name__)
+
+_metadata = sa.MetaData()
+
+lease_table = sa.Table(
+    "leader_lease",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.String(200), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("id = 1", name="leader_lease_one_row"),
+)
+
+_ROW = (
+    "epoch, holder, extract(epoch FROM expires_at)::float8 AS expires_at,"
+    " extract(epoch FROM now())::float8 AS now"
+)
+_SEED = sa.text(
+    "INSERT INTO leader_lease (id, epoch, holder, expires_at)"
+    " VALUES (1, 0, '', '-infinity') ON CONFLICT (id) DO NOTHING"
+)
+_READ = sa.text(f"SELECT {_ROW} FROM leader_lease WHERE id = 1")
+_TAKE = sa.text(
+    "UPDATE leader_lease SET epoch = :epoch, holder = :me,"
+    " expires_at = now() + make_interval(secs => :lease)"
+    f" WHERE id = 1 AND epoch = :epoch - 1 AND expires_at < now() RETURNING {_ROW}"
+)
+_RENEW = sa.text(
+    "UPDATE leader_lease SET expires_at = now() + make_interval(secs => :lease)"
+    f" WHERE id = 1 AND epoch = :epoch AND holder = :me RETURNING {_ROW}"
+)
+_FENCE = sa.text(
+    "SELECT epoch FROM leader_lease WHERE id = 1 AND epoch = :epoch AND holder = :me FOR SHARE"
+)
+_RELEASE = sa.text(
+    "UPDATE leader_lease SET expires_at = '-infinity' WHERE id = 1 AND epoch = :epoch AND holder = :me"
+)
+
+
+def _row(found: Any) -> LeaseRow | None:
+    if found is None:
+        return None
+    return LeaseRow(
+        epoch=found.epoch, holder=found.holder, expires_at=found.expires_at, now=found.now
+    )
+
+
+def create_lease_table(conn: sa.Connection) -> None:
+    """Create the lease row's table if it is missing (with the journal's schema)."""
+    _metadata.create_all(conn)
+    conn.execute(_SEED)
+
+
+def fence(conn: sa.Connection, epoch: int, me: str, label: str) -> None:
+    """In the caller's transaction: hold the lease row as it is until the commit,
+    and fail the transaction unless it names `epoch` and `me`."""
+    if conn.execute(_FENCE, {"epoch": epoch, "me": me}).first() is None:
+        raise JournalClaimLostError(
+            f"journal {label}: another orchestrator took the leader lease over"
+            f" (this one held epoch {epoch}); it writes nothing more"
+        )
+
+
+class LeaderLease:
+    """One candidate's hold on the lease of a PostgreSQL journal.
+
+    `take_over` tries once; once active, `start_renewing` renews every third of the
+    lease, and `lost` is told (once) when a renewal fails, times out or finds the
+    row changed: the candidate has stepped down for good."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        me: str,
+        lease: float,
+        label: str,
+        lost: Callable[[JournalClaimLostError], None],
+    ) -> None:
+        self._engine, self.me, self.lease, self._label = engine, me, ld.check_lease(lease), label
+        self._lost = lost
+        self.standing: Standing = ld.STANDBY
+        #: The row as last read or written (the holder and expiry a standby waits on).
+        self.row: LeaseRow | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.standing.epoch
+
+    async def _statement(self, statement: sa.TextClause, **values: Any) -> LeaseRow | None:
+        async with self._engine.begin() as conn:
+            return _row((await conn.execute(statement, values)).first())
+
+    async def take_over(self) -> Standing:
+        """Take the lease if it has expired (or was never held): the standing after."""
+        if self.standing.role is not Role.STANDBY:
+            return self.standing
+        async with self._engine.begin() as conn:
+            await conn.run_sync(create_lease_table)
+        self.row = await self._statement(_READ)
+        epoch = ld.takeover_epoch(self.row)
+        if epoch is None:
+            return self.standing
+        written = await self._statement(_TAKE, epoch=epoch, me=self.me, lease=self.lease)
+        self.standing = ld.after_takeover(written, self.me, epoch)
+        if written is not None:
+            self.row = written
+        return self.standing
+
+    def wait_hint(self) -> float:
+        """How long a standby waits before trying again: until the lease it saw
+        expires (by the database's clock as read), at most a third of a lease."""
+        longest = ld.renew_every(self.lease)
+        if self.row is None:
+            return longest
+        return min(longest, max(0.02, self.row.expires_at - self.row.now + 0.01))
+
+    def start_renewing(self) -> None:
+        if self._task is None and self.standing.role is Role.ACTIVE:
+            self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        every = ld.renew_every(self.lease)
+        while self.standing.role is Role.ACTIVE:
+            await asyncio.sleep(every)
+            row: LeaseRow | None = None
+            why = ""
+            try:
+                row = await asyncio.wait_for(
+                    self._statement(_RENEW, epoch=self.epoch, me=self.me, lease=self.lease), every
+                )
+            except Exception as exc:  # a dead, slow or unreachable database
+                why = " ".join(str(exc).split()) or type(exc).__name__
+            self.standing = ld.after_renewal(self.standing, row, self.me)
+            if row is not None:
+                self.row = row
+            if self.standing.role is Role.STEPPED_DOWN:
+                detail = f"{self.standing.why}: {why}" if why else self.standing.why
+                self.step_down(detail)
+
+    def step_down(self, why: str) -> None:
+        """Stop being active (a renewal or an append failed): for good."""
+        was = self.standing.role is Role.ACTIVE
+        self.standing = ld.step_down(self.standing, why)
+        if was:
+            self._lost(
+                JournalClaimLostError(
+                    f"journal {self._label}: the leader lease of epoch {self.epoch} is lost"
+                    f" ({why}); this orchestrator steps down"
+                )
+            )
+
+    async def release(self) -> None:
+        """Stop renewing; an active that closes lets the lease expire now, so that a
+        standby takes over at once."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self.standing.role is Role.ACTIVE:
+            self.standing = ld.step_down(self.standing, "closed")
+            with contextlib.suppress(Exception):
+                async with self._engine.begin() as conn:
+                    await conn.execute(_RELEASE, {"epoch": self.epoch, "me": self.me})

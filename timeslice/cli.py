@@ -240,6 +240,14 @@ def serve_orchestrator(
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = None,
+    leader_lease: Annotated[
+        float | None,
+        typer.Option(
+            help="On a PostgreSQL journal: seconds of the leader lease; a second"
+            " orchestrator on the database waits as a standby and takes over once the"
+            " active's lease runs out (default 5)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -274,6 +282,7 @@ def serve_orchestrator(
         "kubeconfig": ("kubeconfig", kubeconfig),
         "metrics_port": ("metrics_port", metrics_port),
         "metrics_host": ("metrics_host", metrics_host),
+        "leader_lease": ("leader_lease", leader_lease),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -287,6 +296,7 @@ def serve_orchestrator(
         "kubeconfig",
         "metrics_port",
         "metrics_host",
+        "leader_lease",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(ctx, log_level, log_format)

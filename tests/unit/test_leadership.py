@@ -158,3 +158,11 @@ def test_no_two_candidates_are_ever_active_with_one_epoch(script: list) -> None:
         assert len({standing[n].epoch for n in actives}) == len(actives)
         if db.row is not None:
             assert db.row.epoch == highest
+
+
+def test_the_orchestrator_refuses_a_leader_lease_out_of_bounds() -> None:
+    from timeslice.orchestrator.config import OrchestratorConfig
+
+    assert OrchestratorConfig(leader_lease=0.6).leader_lease == 0.6
+    with pytest.raises(InvalidArgumentError, match="leader lease must be between"):
+        OrchestratorConfig(leader_lease=0)

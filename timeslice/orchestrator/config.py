@@ -15,6 +15,7 @@ from timeslice.security.tls import ClientTls, ServerTls, check_token
 from timeslice.ids import check_id, check_metrics_port, check_node
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import DEFAULT_RETENTION
+from timeslice.orchestrator.leadership import DEFAULT_LEADER_LEASE, check_lease
 from timeslice.orchestrator.model import GroupPolicy, HoldLimit, TableLimits
 from timeslice.orchestrator.state import LockTable
 
@@ -103,6 +104,11 @@ class OrchestratorConfig:
     # port (0: off), on `metrics_host` (None: the server's own host).
     metrics_port: int = 0
     metrics_host: str | None = None
+    # On a PostgreSQL journal: the leader lease, in seconds. Orchestrators on one
+    # database are candidates; the one holding the lease is active (renewing it
+    # every third of it), the others wait as standbys and take over once it expires
+    # (`timeslice.orchestrator.leadership`). Ignored on SQLite and in memory.
+    leader_lease: float = DEFAULT_LEADER_LEASE
 
     def table_limits(self) -> TableLimits:
         """What the lock table admits."""
@@ -115,6 +121,7 @@ class OrchestratorConfig:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
         check_metrics_port(self.metrics_port, self.metrics_host)
+        check_lease(self.leader_lease)
         check_exposure(
             "the orchestrator",
             self.host,

@@ -43,8 +43,9 @@ from timeslice.orchestrator.decisions import DecisionLog
 from timeslice.orchestrator.engine import JournalEngine, fold
 from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.handoff import HandoffDriver
-from timeslice.orchestrator.journal import Journal, open_journal
+from timeslice.orchestrator.journal import Journal, SqlJournal, open_journal
 from timeslice.orchestrator.kubernetes import KubernetesDiscovery
+from timeslice.orchestrator.leadership import LeaseRow
 from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group
 from timeslice.orchestrator.service import OrchestratorService
@@ -102,6 +103,8 @@ class Orchestrator:
         #: The metrics (with `metrics_port` set, once started), and their port.
         self.metrics: OrchestratorMetrics | None = None
         self._metrics_server: MetricsServer | None = None
+        # Listening as a standby: every call but the health service's is refused.
+        self._standby = False
 
     @property
     def table(self) -> LockTable:
@@ -136,7 +139,12 @@ class Orchestrator:
 
     async def start(self) -> None:
         """Open the journal, rebuild the table, and start serving. Idempotent; cleans
-        up after itself if it fails half way."""
+        up after itself if it fails half way.
+
+        On a PostgreSQL journal another orchestrator may hold the leader lease: this
+        one then listens as a standby (NOT_SERVING on health, every other call
+        UNAVAILABLE) and returns only once it has taken the lease over and folded
+        the journal, as a restart does."""
         if self._state != "new":
             return
         try:
@@ -144,11 +152,19 @@ class Orchestrator:
                 self.config.db,
                 retention=self.config.journal_retention,
                 on_claim_lost=self._claim_lost,
+                leader_lease=self.config.leader_lease,
+                on_standby=self._waiting_as_standby,
             )
+            if isinstance(self._journal, SqlJournal) and self._journal.shared:
+                self._standby = True
+                await self._listen()
+                self.gate.open = True  # the health service answers; the rest is refused
             await self._journal.open()
             self.engine = await self._restore(self._journal)
             await self._begin_epoch()
-            await self._listen()
+            if self._server is None:
+                await self._listen()
+            self._watch_metrics()
             if self.failure is not None:  # the journal's claim was lost meanwhile
                 raise self.failure
             await self._discover()
@@ -160,7 +176,25 @@ class Orchestrator:
                 log.exception("cleaning up after a failed start failed")
             raise
         self._state = "serving"
+        self._standby = False
         self.gate.open = True
+
+    def _waiting_as_standby(self, row: LeaseRow | None) -> None:
+        holder = f"{row.holder} (epoch {row.epoch})" if row is not None else "another orchestrator"
+        log.info(
+            "standby on %s: %s holds the leader lease; taking over when it expires",
+            self._address,
+            holder,
+        )
+
+    def refusal(self) -> str | None:
+        """Why calls are refused now, if they are (a standby refuses them all)."""
+        if self._standby:
+            return (
+                "this orchestrator is a standby: another one holds its journal's"
+                " leader lease; retry against the active"
+            )
+        return None
 
     async def close(self) -> None:
         """Stop serving: refuse new calls, let those in flight finish (blocked
@@ -255,30 +289,26 @@ class Orchestrator:
         self._address = await self._server.serve_configured(self.config)
         await self._serve_metrics()
 
+    def _groups(self) -> list[Group]:
+        return list(self.engine.table.groups.values()) if self.engine is not None else []
+
     def _health(self, service: str) -> bool:
         if service not in ("", SERVICE_NAME):
             raise NotFoundError(f"unknown service {service!r}")
         return self.serving
 
     async def _serve_metrics(self) -> None:
-        """Metrics and the HTTP probes on `metrics_port` (when set), fed by the engine."""
-        if not self.config.metrics_port or self.engine is None:
+        """Metrics and the HTTP probes on `metrics_port` (when set), fed by the engine
+        once there is one (`_watch_metrics`): a standby's /readyz answers 503."""
+        if not self.config.metrics_port:
             return
         from timeslice.metrics.http import MetricsServer
         from timeslice.metrics.orchestrator import OrchestratorMetrics
 
-        engine, now = self.engine, time.time()
         self.metrics = OrchestratorMetrics(
-            lambda: ((g.name, len(g.queue)) for g in engine.table.groups.values()),
+            lambda: ((g.name, len(g.queue)) for g in self._groups()),
             lambda: len(self.agents.addresses),
         )
-        self.metrics.seed(
-            (g.name, h.token, h.job, now)
-            for g in engine.table.groups.values()
-            if (h := g.holder) is not None and not h.switching
-        )
-        engine.observers.append(self.metrics.observe)
-        engine.committed = self.metrics.committed
         host = self.config.metrics_host or self.config.host
         server = MetricsServer(
             host, self.config.metrics_port, self.metrics.registry, lambda: self.serving
@@ -286,6 +316,19 @@ class Orchestrator:
         await server.start()
         self._metrics_server = server
         log.info("metrics on http://%s/metrics", server.address)
+
+    def _watch_metrics(self) -> None:
+        """Feed the metrics (when on) from the engine: the holders now, then every event."""
+        if self.metrics is None or self.engine is None:
+            return
+        engine, now = self.engine, time.time()
+        self.metrics.seed(
+            (g.name, h.token, h.job, now)
+            for g in engine.table.groups.values()
+            if (h := g.holder) is not None and not h.switching
+        )
+        engine.observers.append(self.metrics.observe)
+        engine.committed = self.metrics.committed
 
     async def _discover(self) -> None:
         """Follow Kubernetes labels, if configured (its client is imported only then)."""

@@ -22,12 +22,13 @@ the lease id a KeepAlive needs.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import grpclib.const
+from grpclib.exceptions import GRPCError
 
 from timeslice.api.backend_config import backend_of, names_pod
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
@@ -39,6 +40,7 @@ from timeslice.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
     TimeSliceError,
+    UnavailableError,
 )
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness
@@ -67,6 +69,11 @@ class OrchestratorApi(Protocol):
 
     @property
     def table(self) -> LockTable: ...
+
+    @property
+    def failure(self) -> BaseException | None: ...
+
+    def refusal(self) -> str | None: ...
 
     async def acquire_groups(
         self,
@@ -252,6 +259,8 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 raise ResourceExhaustedError(
                     f"the watcher fell {self.orch.config.watch_backlog} events behind"
                 )
+            if (failure := self.orch.failure) is not None:  # it stepped down: go elsewhere
+                raise UnavailableError(f"the orchestrator stopped: {failure}")
         finally:
             events.close()
 
@@ -457,7 +466,21 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return edge_mapping(super().__mapping__(), self, self.orch.gate)
+        routes = edge_mapping(super().__mapping__(), self, self.orch.gate)
+        return {
+            route: handler._replace(func=self._admit(handler.func))
+            for route, handler in routes.items()
+        }
+
+    def _admit(self, handle: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """`handle`, behind the orchestrator's refusal (a standby answers UNAVAILABLE)."""
+
+        async def admitted(stream: Any) -> None:
+            if (why := self.orch.refusal()) is not None:
+                raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
+            await handle(stream)
+
+        return admitted
 
 
 class _GroupEvent(Encoded):

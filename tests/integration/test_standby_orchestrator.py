@@ -1,0 +1,177 @@
+"""Active and standby orchestrators on one PostgreSQL journal
+(TIMESLICE_TEST_POSTGRES_URL): the second waits as a standby (NOT_SERVING on
+health, /readyz 503, every call UNAVAILABLE), takes over within the leader
+lease plus 2 s when the active goes, and grants with a higher fencing token; an
+active frozen past its lease (SIGSTOP) grants nothing once it wakes: it steps
+down and exits non-zero."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import grpclib.client
+import httpx
+import pytest
+import sqlalchemy as sa
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from tests.metrics_scrape import free_port
+from timeslice.api.gen.grpc.health import v1 as health
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from timeslice.orchestrator.journal import SqlJournal
+from timeslice.orchestrator.server import Orchestrator
+
+POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(POSTGRES_URL is None, reason="TIMESLICE_TEST_POSTGRES_URL is not set"),
+]
+LEASE = 0.6
+Serving = health.HealthCheckResponseServingStatus
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    assert POSTGRES_URL is not None
+    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
+    try:
+        async with engine.begin() as conn:
+            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
+                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+    finally:
+        await engine.dispose()
+    yield POSTGRES_URL
+
+
+def channel(address: str) -> grpclib.client.Channel:
+    host, _, port = address.rpartition(":")
+    return grpclib.client.Channel(host, int(port))
+
+
+async def health_of(address: str) -> Serving:
+    chan = channel(address)
+    try:
+        answer = await health.HealthStub(chan, timeout=2).check(health.HealthCheckRequest())
+        return answer.status
+    finally:
+        chan.close()
+
+
+async def acquire(address: str, group: str, job: str) -> pb.AcquireResponse:
+    chan = channel(address)
+    try:
+        stub = pb.TimeSliceOrchestratorServiceStub(chan, timeout=3)
+        return await stub.acquire(pb.AcquireRequest(group_id=group, job_id=job, request_id=job))
+    finally:
+        chan.close()
+
+
+async def test_a_standby_refuses_calls_and_takes_over_when_the_active_closes(
+    database: str,
+) -> None:
+    active = Orchestrator(db=database, leader_lease=LEASE)
+    standby = Orchestrator(db=database, leader_lease=LEASE, metrics_port=free_port())
+    await active.start()
+    starting: asyncio.Future[None] | None = None
+    try:
+        first = await active.acquire("g", "x")
+        await active.yield_("g", "x", token=first.token)
+        starting = asyncio.ensure_future(standby.start())
+        while standby._address is None or standby.metrics_address is None:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(LEASE)  # renewed meanwhile: it stays a standby
+        assert not starting.done()
+        assert await health_of(standby.address) == Serving.NOT_SERVING
+        async with httpx.AsyncClient(timeout=2) as http:
+            ready = await http.get(f"http://{standby.metrics_address}/readyz")
+        assert ready.status_code == 503
+        with pytest.raises(GRPCError) as refused:
+            await acquire(standby.address, "g", "y")
+        assert refused.value.status is Status.UNAVAILABLE
+        assert "standby" in (refused.value.message or "")
+        assert await health_of(active.address) == Serving.SERVING
+
+        closed = time.monotonic()
+        await active.close()
+        await asyncio.wait_for(starting, LEASE + 2)
+        grant = await standby.acquire("g", "y")
+        assert time.monotonic() - closed < LEASE + 2
+        assert grant.token > first.token
+        assert await health_of(standby.address) == Serving.SERVING
+    finally:
+        await active.close()
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await standby.close()
+
+
+async def test_an_active_frozen_past_its_lease_grants_nothing_when_it_wakes(
+    database: str,
+) -> None:
+    port = free_port()
+    env = {**os.environ, "TIMESLICE_LEADER_LEASE": str(LEASE)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "timeslice", "serve", "orchestrator", "--db", database]
+        + ["--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    address = f"127.0.0.1:{port}"
+    standby = Orchestrator(db=database, leader_lease=LEASE)
+    starting: asyncio.Future[None] | None = None
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+            try:
+                if await health_of(address) == Serving.SERVING:
+                    break
+            except (OSError, GRPCError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "the orchestrator did not start"
+            await asyncio.sleep(0.1)
+        first = await acquire(address, "g", "x")
+        starting = asyncio.ensure_future(standby.start())
+        await asyncio.sleep(LEASE)
+        assert not starting.done()
+
+        child.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        await asyncio.wait_for(starting, LEASE + 2)
+        assert time.monotonic() - frozen < LEASE + 2
+        # x's hold came over with the journal; once x yields, y's grant is fenced higher
+        await standby.yield_("g", "x", token=first.fencing_token)
+        grant = await standby.acquire("g", "y")
+        assert grant.token > first.fencing_token
+
+        child.send_signal(signal.SIGCONT)
+        with pytest.raises(GRPCError) as refused:  # it grants nothing after it wakes
+            await acquire(address, "g", "z")
+        assert refused.value.status is Status.UNAVAILABLE
+        code = await asyncio.to_thread(child.wait, 10)
+        assert code != 0
+        stderr = child.stderr.read().decode() if child.stderr else ""
+        assert "the orchestrator stopped" in stderr
+        assert standby.table.groups["g"].holder is not None
+        assert standby.table.groups["g"].holder.job == "y"
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await standby.close()

@@ -30,3 +30,13 @@ def need_command(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def need_root(reason: str) -> None:
+    """Skip the calling test unless it runs as root (`reason`: what needs root),
+    except under `CI=true`, where it fails: CI runs as root."""
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"under CI=true this test must run: {reason}")
+    pytest.skip(reason)

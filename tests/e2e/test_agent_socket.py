@@ -33,6 +33,7 @@ from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
+from tests.optional import need_root
 from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.gen.grpc.health import v1 as health
@@ -48,13 +49,8 @@ OTHER_UID = 48213  # no account needed: the kernel only compares numbers
 PR_SET_DUMPABLE = 4
 
 
-def need_root() -> None:
-    if os.geteuid() == 0:
-        return
-    reason = "a second user's process needs root to make (setuid in a forked child)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"under CI=true this test must run: {reason}")
-    pytest.skip(reason)
+# What needs root here (the tests are skipped without it, but fail under CI=true).
+NEEDS_ROOT = "a second user's process needs root to make (setuid in a forked child)"
 
 
 @pytest.fixture
@@ -169,7 +165,7 @@ async def agent(socket_dir: Path) -> AsyncIterator[Agent]:
 async def test_a_workload_of_another_uid_cannot_take_a_channel_or_name_pids_it_does_not_own(
     agent: Agent,
 ) -> None:
-    need_root()
+    need_root(NEEDS_ROOT)
     assert agent.socket_address is not None
     path = agent.socket_address.removeprefix("unix:")
     commands: list[str] = []

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
+from tests.optional import need_root
 from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
@@ -52,19 +52,14 @@ POLICY = AuthPolicy(
 )
 
 
-def need_root() -> None:
-    if os.geteuid() == 0:
-        return
-    reason = "processes of other users need root to start"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"under CI=true this test must run: {reason}")
-    pytest.skip(reason)
+# What needs root here (the tests are skipped without it, but fail under CI=true).
+NEEDS_ROOT = "processes of other users need root to start"
 
 
 @pytest.fixture
 def sleepers() -> Iterator[dict[int, subprocess.Popen[bytes]]]:
     """A sleeping process of each test user, by uid."""
-    need_root()
+    need_root(NEEDS_ROOT)
     started = {
         uid: subprocess.Popen(["sleep", "60"], user=uid) for uid in (TRAINER_UID, VICTIM_UID)
     }

@@ -27,6 +27,7 @@ from tests.metrics_scrape import free_port
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.orchestrator.journal import SqlJournal
+from timeslice.orchestrator.journal_claim import PostgresClaim
 from timeslice.orchestrator.server import Orchestrator
 
 POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
@@ -177,4 +178,52 @@ async def test_an_active_frozen_past_its_lease_grants_nothing_when_it_wakes(
         if starting is not None and not starting.done():
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
+        await standby.close()
+
+
+async def test_an_active_past_its_lease_answers_nothing_even_from_memory(database: str) -> None:
+    """A KeepAlive needs no journal write: an active whose lease has run out by its
+    own clock (its renewals stopped, as in a process frozen between two of them)
+    must still refuse it, and step down, rather than tell a holder its lease holds
+    while a standby has taken over."""
+    active = Orchestrator(db=database, leader_lease=LEASE)
+    standby = Orchestrator(db=database, leader_lease=LEASE)
+    await active.start()
+    starting: asyncio.Future[None] | None = None
+    try:
+        granted = await active.acquire("g", "x", lease_ttl=30)
+        journal = active._journal
+        assert isinstance(journal, SqlJournal) and journal.lease is not None
+        # It stops renewing, and watching its advisory lock, without noticing
+        # anything: as a frozen process would.
+        claim = journal._claim
+        assert isinstance(claim, PostgresClaim)
+        claim._driver.remove_termination_listener(claim._listener)
+        watchers = [journal.lease._task, claim._task]
+        for task in watchers:
+            assert task is not None
+            task.cancel()
+        await asyncio.gather(*filter(None, watchers), return_exceptions=True)
+        starting = asyncio.ensure_future(standby.start())
+        await asyncio.wait_for(starting, LEASE + 2)
+
+        chan = channel(active.address)
+        try:
+            stub = pb.TimeSliceOrchestratorServiceStub(chan, timeout=3)
+            with pytest.raises(GRPCError) as refused:
+                await stub.keep_alive(
+                    pb.KeepAliveRequest(group_id="g", job_id="x", lease_id=granted.lease.lease_id)
+                )
+        finally:
+            chan.close()
+        assert refused.value.status is Status.UNAVAILABLE
+        assert "leader lease ran out" in (refused.value.message or "")
+        assert not active.serving
+        await asyncio.wait_for(active.wait_stopped(), 5)
+        assert active.failure is not None
+    finally:
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await active.close()
         await standby.close()

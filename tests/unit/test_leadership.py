@@ -166,3 +166,12 @@ def test_the_orchestrator_refuses_a_leader_lease_out_of_bounds() -> None:
     assert OrchestratorConfig(leader_lease=0.6).leader_lease == 0.6
     with pytest.raises(InvalidArgumentError, match="leader lease must be between"):
         OrchestratorConfig(leader_lease=0)
+
+
+def test_an_active_counts_on_its_lease_only_from_before_it_asked_and_not_all_of_it() -> None:
+    # The database set the expiry after the statement was sent: at least a lease
+    # from `sent`; the active counts on less, in case the clocks' rates differ.
+    assert ld.held_until(100.0, 5.0) == pytest.approx(100.0 + 5.0 * ld.LOCAL_SHARE)
+    assert 100.0 < ld.held_until(100.0, 5.0) < 105.0
+    # A renewal every third of the lease always lands before the local hold ends.
+    assert ld.renew_every(5.0) < 5.0 * ld.LOCAL_SHARE

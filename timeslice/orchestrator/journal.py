@@ -323,6 +323,11 @@ class SqlJournal(Journal):
         """The leader lease's epoch this writer holds (0: no lease)."""
         return self._lease.epoch if self._lease is not None else 0
 
+    @property
+    def lease(self) -> LeaderLease | None:
+        """This writer's hold on the leader lease (None: the journal has none)."""
+        return self._lease
+
     async def _lead(self, engine: AsyncEngine, lease: float) -> None:
         """Wait as a standby until this candidate holds the leader lease, then take
         the advisory lock as well (from a deposed holder, if need be)."""

@@ -111,6 +111,8 @@ class LeaderLease:
         #: The row as last read or written (the holder and expiry a standby waits on).
         self.row: LeaseRow | None = None
         self._task: asyncio.Task[None] | None = None
+        # Until when (loop time) the lease surely holds, by this process's clock.
+        self._held_until = 0.0
 
     @property
     def epoch(self) -> int:
@@ -130,11 +132,26 @@ class LeaderLease:
         epoch = ld.takeover_epoch(self.row)
         if epoch is None:
             return self.standing
+        sent = asyncio.get_running_loop().time()
         written = await self._statement(_TAKE, epoch=epoch, me=self.me, lease=self.lease)
         self.standing = ld.after_takeover(written, self.me, epoch)
         if written is not None:
             self.row = written
+        if self.standing.role is Role.ACTIVE:
+            self._held_until = ld.held_until(sent, self.lease)
         return self.standing
+
+    def check_held(self) -> bool:
+        """Whether this candidate is active and its lease surely still holds by its own
+        clock (`leadership.held_until`). An active past that point without a renewal
+        steps down here and now: it may have been frozen while a standby took over,
+        and must not answer even what it could answer from memory (a KeepAlive)."""
+        if self.standing.role is not Role.ACTIVE:
+            return False
+        if asyncio.get_running_loop().time() < self._held_until:
+            return True
+        self.step_down("its leader lease ran out by its own clock before it was renewed")
+        return False
 
     def wait_hint(self) -> float:
         """How long a standby waits before trying again: until the lease it saw
@@ -154,6 +171,7 @@ class LeaderLease:
             await asyncio.sleep(every)
             row: LeaseRow | None = None
             why = ""
+            sent = asyncio.get_running_loop().time()
             try:
                 row = await asyncio.wait_for(
                     self._statement(_RENEW, epoch=self.epoch, me=self.me, lease=self.lease), every
@@ -163,6 +181,8 @@ class LeaderLease:
             self.standing = ld.after_renewal(self.standing, row, self.me)
             if row is not None:
                 self.row = row
+            if self.standing.role is Role.ACTIVE:
+                self._held_until = ld.held_until(sent, self.lease)
             if self.standing.role is Role.STEPPED_DOWN:
                 detail = f"{self.standing.why}: {why}" if why else self.standing.why
                 self.step_down(detail)

@@ -75,6 +75,22 @@ def renew_every(lease: float) -> float:
     return lease / 3
 
 
+#: The share of a lease an active counts on by its own clock after it sent the
+#: statement that renewed it (see `held_until`).
+LOCAL_SHARE = 0.9
+
+
+def held_until(sent: float, lease: float) -> float:
+    """Until when (on this process's monotonic clock) an active may act on a lease
+    renewed, or taken, by a statement it sent at `sent`: the database set the
+    expiry after it received the statement, so the lease lasts at least `lease`
+    from `sent`; counting on only `LOCAL_SHARE` of it leaves room for the two
+    clocks' rates to differ. Past it, an active that has not renewed meanwhile
+    (it was frozen, its renewals hang) may have been replaced: it answers nothing
+    more, even what needs no journal write."""
+    return sent + lease * LOCAL_SHARE
+
+
 def expired(row: LeaseRow) -> bool:
     """Whether the lease has run out on the database's clock (the takeover's
     `WHERE expires_at < now()`)."""

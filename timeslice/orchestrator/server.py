@@ -116,7 +116,7 @@ class Orchestrator:
     @property
     def serving(self) -> bool:
         """Whether it may grant now: started, its journal open, not closing."""
-        return self._state == "serving" and self.failure is None
+        return self._state == "serving" and self.failure is None and self._lease_held()
 
     @property
     def metrics_address(self) -> str | None:
@@ -188,13 +188,24 @@ class Orchestrator:
         )
 
     def refusal(self) -> str | None:
-        """Why calls are refused now, if they are (a standby refuses them all)."""
+        """Why calls are refused now, if they are: a standby refuses them all, and so
+        does an active whose leader lease may have run out (it steps down)."""
         if self._standby:
             return (
                 "this orchestrator is a standby: another one holds its journal's"
                 " leader lease; retry against the active"
             )
+        if self._state == "serving" and not self._lease_held():
+            return (
+                "this orchestrator's leader lease ran out before it was renewed:"
+                " it steps down; retry against the active"
+            )
         return None
+
+    def _lease_held(self) -> bool:
+        """False once an active's leader lease may have run out (it steps down then)."""
+        lease = self._journal.lease if isinstance(self._journal, SqlJournal) else None
+        return lease is None or lease.check_held()
 
     async def close(self) -> None:
         """Stop serving: refuse new calls, let those in flight finish (blocked

@@ -34,13 +34,13 @@ from timeslice.cli_credentials import (
 )
 from timeslice.cli_env import EnvCommand, environment_note, given, source_name
 from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
-from timeslice.errors import TimeSliceError
+from timeslice.errors import TimeSliceError, UnimplementedError
 from timeslice.logs import LOG_FORMATS, LOG_LEVELS, announce
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from timeslice.client import AsyncTimeSliceOrchestratorClient
+    from timeslice.client import AsyncTimeSliceOrchestratorClient, Leadership
 
 app = typer.Typer(
     help="Share accelerators between RL jobs, one holder at a time.",
@@ -505,12 +505,19 @@ def status(
     """Print each group's holder, queue and fencing token."""
 
     async def show(client: AsyncTimeSliceOrchestratorClient) -> None:
+        from timeslice.cli_views import dumps, leadership_line, status_json
+
+        try:
+            standing: Leadership | None = await client.get_leadership()
+        except UnimplementedError:  # an orchestrator older than leader leases
+            standing = None
         groups = [group] if group else await client.list_groups()
         if json_output:
-            from timeslice.cli_views import dumps, status_json
-
-            typer.echo(dumps(status_json([await client.get_status(name) for name in groups])))
+            answers = [await client.get_status(name) for name in groups]
+            typer.echo(dumps(status_json(answers, standing)))
             return
+        if standing is not None:
+            typer.echo(leadership_line(client.target, standing))
         if not groups:
             typer.echo("no groups yet")
         for name in groups:

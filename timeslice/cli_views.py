@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         AgentList,
         GroupStatus,
         KnownAgent,
+        Leadership,
         OrchestratorGroupStatus,
         WatchEvent,
     )
@@ -63,8 +64,9 @@ def group_json(g: GroupStatus) -> Json:
     }
 
 
-def status_json(answers: list[OrchestratorGroupStatus]) -> Json:
-    """`timeslice status --json`: every group asked for, with its contexts on the nodes."""
+def status_json(answers: list[OrchestratorGroupStatus], standing: Leadership | None = None) -> Json:
+    """`timeslice status --json`: where the orchestrator stands (null: too old to
+    say), then every group asked for, with its contexts on the nodes."""
     groups = []
     for answer in answers:
         contexts = [
@@ -72,7 +74,39 @@ def status_json(answers: list[OrchestratorGroupStatus]) -> Json:
             for s in answer.agent_job_states
         ]
         groups.append({**group_json(answer.group), "contexts": contexts})
-    return {"groups": groups}
+    return {"orchestrator": leadership_json(standing), "groups": groups}
+
+
+def leadership_json(standing: Leadership | None) -> Json | None:
+    """Where one orchestrator stands, as `status --json` shows it."""
+    if standing is None:
+        return None
+    return {
+        "role": standing.role,
+        "lease_epoch": standing.lease_epoch,
+        "lease_seconds": standing.lease_sec,
+        "lease_left_seconds": standing.lease_left_sec,
+        "holder": _or_none(standing.holder),
+        "active_address": _or_none(standing.active_address),
+        "table_epoch": standing.table_epoch,
+        "version": standing.version,
+    }
+
+
+def leadership_line(target: str, standing: Leadership) -> str:
+    """One line: where the orchestrator at `target` stands."""
+    if not standing.lease_sec:
+        return (
+            f"orchestrator {target}: {standing.role}, the only writer of its journal"
+            f" (table epoch {standing.table_epoch})"
+        )
+    where = f", active at {standing.active_address}" if standing.active_address else ""
+    by = f" held by {standing.holder}" if standing.role != "active" and standing.holder else ""
+    return (
+        f"orchestrator {target}: {standing.role} (lease epoch {standing.lease_epoch}{by},"
+        f" {standing.lease_left_sec:.1f} s of {standing.lease_sec:g} s left{where};"
+        f" table epoch {standing.table_epoch})"
+    )
 
 
 # --- watch -----------------------------------------------------------------------------

@@ -8,7 +8,12 @@ import asyncio
 
 import pytest
 
-from timeslice import Agent, AsyncSnapshotAgentClient, AsyncTimeSliceOrchestratorClient, Orchestrator
+from timeslice import (
+    Agent,
+    AsyncSnapshotAgentClient,
+    AsyncTimeSliceOrchestratorClient,
+    Orchestrator,
+)
 from timeslice.client import named_backend
 from timeslice.errors import ConflictError, InvalidArgumentError
 from timeslice.fencing import new_key, token_proof
@@ -19,7 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 async def test_a_token_the_orchestrator_never_issued_is_refused_and_changes_nothing() -> None:
     async with (
         Orchestrator() as orch,
-        Agent(node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)) as agent,
+        Agent(
+            node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)
+        ) as agent,
         AsyncSnapshotAgentClient(agent.address) as client,
         AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as job,
     ):
@@ -43,7 +50,10 @@ async def test_a_token_the_orchestrator_never_issued_is_refused_and_changes_noth
         await job.release()
         with pytest.raises(ConflictError, match="never issued"):
             await client.snapshot(
-                "b", "g", backend_config=named_backend("noop"), fencing_token=grant.fencing_token + 1
+                "b",
+                "g",
+                backend_config=named_backend("noop"),
+                fencing_token=grant.fencing_token + 1,
             )
         done = await client.snapshot_and_wait(
             "b", "g", backend_config=named_backend("noop"), fencing_token=grant.fencing_token
@@ -57,7 +67,9 @@ async def test_an_agent_without_an_orchestrator_takes_tokens_as_sent() -> None:
         Agent(node_name="n1", backends=("noop",)) as agent,
         AsyncSnapshotAgentClient(agent.address) as client,
     ):
-        await client.snapshot_and_wait("a", "g", backend_config=named_backend("noop"), fencing_token=9)
+        await client.snapshot_and_wait(
+            "a", "g", backend_config=named_backend("noop"), fencing_token=9
+        )
         assert agent.table.tokens["g"] == 9
         with pytest.raises(InvalidArgumentError):
             await client.restore("a", "g", fencing_token=2**63)

@@ -96,7 +96,7 @@ def test_version_is_the_packages_and_exits_0() -> None:
     assert out == f"timeslice {VERSION}\n"
 
 
-async def test_status_json_has_the_documented_keys(
+async def test_status_says_where_the_orchestrator_stands_and_json_has_the_documented_keys(
     cluster: tuple[Orchestrator, Agent],
 ) -> None:
     orch, _ = cluster
@@ -111,7 +111,14 @@ async def test_status_json_has_the_documented_keys(
     assert code == 0, err
     [line] = out.splitlines()  # one document
     document = json.loads(line)
-    assert set(document) == {"groups"}
+    assert set(document) == {"orchestrator", "groups"}
+    standing = document["orchestrator"]
+    assert set(standing) == {
+        "role", "lease_epoch", "lease_seconds", "lease_left_seconds", "holder",
+        "active_address", "table_epoch", "version",
+    }  # fmt: skip
+    assert standing["role"] == "active" and standing["lease_epoch"] == 0  # no leader lease
+    assert standing["table_epoch"] == orch.table.epoch and standing["holder"] is None
     [g] = document["groups"]
     assert set(g) == GROUP_KEYS | {"contexts"}
     assert (g["group"], g["state"], g["holder"], g["queue"]) == ("g", "LOCKED", "a", ["b"])
@@ -119,7 +126,12 @@ async def test_status_json_has_the_documented_keys(
     assert g["contexts"] == []  # the noop agent has no context of a yet
     # without --json the text is as it was
     code, out, _ = await invoke_async("status", "g", "--target", orch.address)
-    assert code == 0 and out.startswith("g: LOCKED  holder=a  active=a")
+    first, second, *_ = out.splitlines()
+    assert code == 0 and first == (
+        f"orchestrator {orch.address}: active, the only writer of its journal"
+        f" (table epoch {orch.table.epoch})"
+    )
+    assert second.startswith("g: LOCKED  holder=a  active=a")
 
 
 # --- agent status ---------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,30 @@ async def health_of(address: str) -> Serving:
         chan.close()
 
 
+async def leadership_of(address: str) -> pb.GetLeadershipResponse:
+    chan = channel(address)
+    try:
+        stub = pb.TimeSliceOrchestratorServiceStub(chan, timeout=3)
+        return await stub.get_leadership(pb.GetLeadershipRequest())
+    finally:
+        chan.close()
+
+
+async def role_metric(address: str | None, expected: str) -> str:
+    """The role whose `timeslice_orchestrator_role` series is 1 (the one role that is),
+    once it is `expected` or two seconds have passed (a page is rendered at most once
+    a second)."""
+    deadline = time.monotonic() + 2.5
+    async with httpx.AsyncClient(timeout=2) as http:
+        while True:
+            text = (await http.get(f"http://{address}/metrics")).text
+            pattern = r'^timeslice_orchestrator_role\{role="(\w+)"\} 1\.0$'
+            [role] = re.findall(pattern, text, re.M)
+            if role == expected or time.monotonic() > deadline:
+                return role
+            await asyncio.sleep(0.1)
+
+
 async def acquire(address: str, group: str, job: str) -> pb.AcquireResponse:
     chan = channel(address)
     try:
@@ -99,6 +124,15 @@ async def test_a_standby_refuses_calls_and_takes_over_when_the_active_closes(
         assert refused.value.status is Status.UNAVAILABLE
         assert "standby" in (refused.value.message or "")
         assert await health_of(active.address) == Serving.SERVING
+        # Each says where it stands (the standby too), and the metrics carry the role.
+        led, waiting = await leadership_of(active.address), await leadership_of(standby.address)
+        assert (led.role, waiting.role) == ("active", "standby")
+        assert led.lease_epoch == waiting.lease_epoch > 0
+        assert led.lease_ms == waiting.lease_ms == round(LEASE * 1000)
+        assert 0 < led.lease_left_ms <= LEASE * 1000 and 0 <= waiting.lease_left_ms
+        assert waiting.holder == led.holder != ""
+        assert led.table_epoch > 0 and waiting.table_epoch == 0
+        assert await role_metric(standby.metrics_address, "standby") == "standby"
 
         closed = time.monotonic()
         await active.close()
@@ -107,6 +141,10 @@ async def test_a_standby_refuses_calls_and_takes_over_when_the_active_closes(
         assert time.monotonic() - closed < LEASE + 2
         assert grant.token > first.token
         assert await health_of(standby.address) == Serving.SERVING
+        took = await leadership_of(standby.address)
+        assert took.role == "active" and took.lease_epoch == led.lease_epoch + 1
+        assert took.table_epoch == led.table_epoch + 1
+        assert await role_metric(standby.metrics_address, "active") == "active"
     finally:
         await active.close()
         if starting is not None and not starting.done():

@@ -21,6 +21,7 @@ from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestr
 from timeslice.client.types import (
     AcquireResult,
     ForceReleaseResult,
+    Leadership,
     LeaseInfo,
     OrchestratorGroupStatus,
     WatchEvent,
@@ -191,6 +192,10 @@ class TimeSliceOrchestratorClient:
     def list_groups(self, timeout_sec: float | None = None) -> list[str]:
         """Every group the orchestrator knows."""
         return self._run(lambda: self._client.list_groups(timeout_sec))
+
+    def get_leadership(self, timeout_sec: float | None = None) -> Leadership:
+        """Where this orchestrator stands (see the async client's `get_leadership`)."""
+        return self._run(lambda: self._client.get_leadership(timeout_sec))
 
     def keep_alive(
         self,

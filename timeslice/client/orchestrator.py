@@ -35,6 +35,7 @@ from timeslice.client.types import (
     AcquireResult,
     AgentList,
     ForceReleaseResult,
+    Leadership,
     LeaseInfo,
     OrchestratorGroupStatus,
     WatchEvent,
@@ -42,6 +43,7 @@ from timeslice.client.types import (
     acquire_result,
     agent_list,
     force_release_result,
+    leadership,
     lease_info,
     orchestrator_group_status,
     watch_event,
@@ -278,6 +280,17 @@ class AsyncTimeSliceOrchestratorClient:
             lambda timeout: stub.list_agents(pb.ListAgentsRequest(), timeout=timeout),
         )
         return agent_list(response)
+
+    async def get_leadership(self, timeout_sec: float | None = None) -> Leadership:
+        """Where this orchestrator stands: active or standby, the leader lease's epoch
+        and what it has left (a standby answers too)."""
+        stub = self._connect()
+        response = await self._retrying(
+            "GetLeadership",
+            timeout_sec,
+            lambda timeout: stub.get_leadership(pb.GetLeadershipRequest(), timeout=timeout),
+        )
+        return leadership(response)
 
     async def keep_alive(
         self,

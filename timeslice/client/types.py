@@ -193,6 +193,41 @@ class AgentList:
     version: str
 
 
+@dataclass(frozen=True)
+class Leadership:
+    """The answer to `get_leadership()`: where one orchestrator stands among the
+    candidates on its journal.
+
+    `role` is "active", "standby" or "stepped_down"; `lease_epoch` the leader
+    lease's (0: no lease, the only writer); `lease_sec` its length and
+    `lease_left_sec` what it has left as last known; `holder` the candidate
+    holding it; `active_address` where the active is reached ("" unknown);
+    `table_epoch` the epoch the agents are commanded with."""
+
+    role: str
+    lease_epoch: int
+    lease_sec: float
+    lease_left_sec: float
+    holder: str
+    active_address: str
+    table_epoch: int
+    version: str
+
+
+def leadership(message: pb.GetLeadershipResponse) -> Leadership:
+    """A `Leadership` from the wire message."""
+    return Leadership(
+        role=message.role,
+        lease_epoch=message.lease_epoch,
+        lease_sec=message.lease_ms / 1000,
+        lease_left_sec=message.lease_left_ms / 1000,
+        holder=message.holder,
+        active_address=message.active_address,
+        table_epoch=message.table_epoch,
+        version=message.version,
+    )
+
+
 def _enum_by_name(cls: type[E], value: object, default: E) -> E:
     # Generated enums and ours share member names; a value this client does not
     # know (a newer server) reads as the default rather than failing.

@@ -34,6 +34,7 @@ from timeslice.metrics.labels import (
 )
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
+from timeslice.orchestrator.leadership import Leadership, Role
 
 SNAPSHOT, RESTORE = "snapshot", "restore"
 
@@ -41,13 +42,15 @@ SNAPSHOT, RESTORE = "snapshot", "restore"
 class OrchestratorMetrics:
     """Every metric family of one orchestrator, in a registry of its own.
 
-    `queue_depths()` gives (group, waiters) for every group and `agents()` the
-    number of agents in session, both read at each scrape."""
+    `queue_depths()` gives (group, waiters) for every group, `agents()` the
+    number of agents in session and `leadership()` where the orchestrator stands
+    among the candidates on its journal, all read at each scrape."""
 
     def __init__(
         self,
         queue_depths: Callable[[], Iterable[tuple[str, int]]],
         agents: Callable[[], int],
+        leadership: Callable[[], Leadership] = lambda: Leadership(role=Role.ACTIVE),
         *,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
@@ -146,7 +149,7 @@ class OrchestratorMetrics:
         self.journaled = Counter(
             "timeslice_journal_events", "Events written to the journal.", registry=r
         )
-        r.register(_Live(self, queue_depths, agents))
+        r.register(_Live(self, queue_depths, agents, leadership))
 
     # --- what the journal engine hands over -----------------------------------------
 
@@ -272,21 +275,43 @@ class OrchestratorMetrics:
 
 
 class _Live(Collector):
-    """What a scrape reads now: queue depths, agents in session, and the seconds
-    held, waited and switched (ended holds with those still open)."""
+    """What a scrape reads now: the orchestrator's role, queue depths, agents in
+    session, and the seconds held, waited and switched (ended holds with those
+    still open)."""
 
     def __init__(
         self,
         metrics: OrchestratorMetrics,
         queue_depths: Callable[[], Iterable[tuple[str, int]]],
         agents: Callable[[], int],
+        leadership: Callable[[], Leadership],
     ) -> None:
         self.metrics = metrics
         self.queue_depths = queue_depths
         self.agents = agents
+        self.leadership = leadership
 
     def collect(self) -> Iterator[Any]:
         m = self.metrics
+        standing = self.leadership()
+        role = GaugeMetricFamily(
+            "timeslice_orchestrator_role",
+            "1 for this orchestrator's role among the candidates on its journal.",
+            labels=["role"],
+        )
+        for each in Role:
+            role.add_metric([each.value], 1.0 if each is standing.role else 0.0)
+        yield role
+        yield GaugeMetricFamily(
+            "timeslice_orchestrator_lease_epoch",
+            "The leader lease's epoch (0: no lease, the only writer).",
+            value=standing.epoch,
+        )
+        yield GaugeMetricFamily(
+            "timeslice_orchestrator_lease_left_seconds",
+            "What the leader lease has left as last known (0: none).",
+            value=standing.left,
+        )
         depth = GaugeMetricFamily(
             "timeslice_orchestrator_queue_depth", "Jobs waiting for a group.", labels=["group_id"]
         )

@@ -113,6 +113,7 @@ class LeaderLease:
         self._task: asyncio.Task[None] | None = None
         # Until when (loop time) the lease surely holds, by this process's clock.
         self._held_until = 0.0
+        self._row_at = 0.0  # when (loop time) `row` was read
 
     @property
     def epoch(self) -> int:
@@ -128,7 +129,7 @@ class LeaderLease:
             return self.standing
         async with self._engine.begin() as conn:
             await conn.run_sync(create_lease_table)
-        self.row = await self._statement(_READ)
+        self._saw(await self._statement(_READ))
         epoch = ld.takeover_epoch(self.row)
         if epoch is None:
             return self.standing
@@ -136,10 +137,36 @@ class LeaderLease:
         written = await self._statement(_TAKE, epoch=epoch, me=self.me, lease=self.lease)
         self.standing = ld.after_takeover(written, self.me, epoch)
         if written is not None:
-            self.row = written
+            self._saw(written)
         if self.standing.role is Role.ACTIVE:
             self._held_until = ld.held_until(sent, self.lease)
         return self.standing
+
+    def _saw(self, row: LeaseRow | None) -> None:
+        self.row, self._row_at = row, asyncio.get_running_loop().time()
+
+    def leadership(self) -> ld.Leadership:
+        """This candidate's standing as a status shows it."""
+        now = asyncio.get_running_loop().time()
+        s, row = self.standing, self.row
+        if s.role is Role.ACTIVE:
+            left = max(0.0, self._held_until - now)
+            return ld.Leadership(
+                role=s.role, epoch=s.epoch, lease=self.lease, left=left, holder=self.me
+            )
+        seen = ld.Leadership(role=s.role, epoch=s.epoch, lease=self.lease)
+        if row is None:
+            return seen
+        left = max(0.0, row.expires_at - row.now - (now - self._row_at))
+        if s.role is Role.STEPPED_DOWN:
+            left = 0.0
+        return ld.Leadership(
+            role=s.role,
+            epoch=max(s.epoch, row.epoch),
+            lease=self.lease,
+            left=left,
+            holder=row.holder,
+        )
 
     def check_held(self) -> bool:
         """Whether this candidate is active and its lease surely still holds by its own
@@ -180,7 +207,7 @@ class LeaderLease:
                 why = " ".join(str(exc).split()) or type(exc).__name__
             self.standing = ld.after_renewal(self.standing, row, self.me)
             if row is not None:
-                self.row = row
+                self._saw(row)
             if self.standing.role is Role.ACTIVE:
                 self._held_until = ld.held_until(sent, self.lease)
             if self.standing.role is Role.STEPPED_DOWN:

@@ -69,6 +69,20 @@ class Standing:
 STANDBY = Standing(role=Role.STANDBY)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Leadership:
+    """What a status shows of one candidate: its role, the lease's epoch (its own
+    when active, else the newest it saw; 0 without a lease), the lease's length
+    (0: none, the only writer), the seconds the lease has left as last known,
+    and the candidate holding it."""
+
+    role: Role
+    epoch: int = 0
+    lease: float = 0.0
+    left: float = 0.0
+    holder: str = ""
+
+
 def renew_every(lease: float) -> float:
     """How often an active renews: every third of the lease, so that one lost
     renewal still leaves a renewal's time before the lease runs out."""

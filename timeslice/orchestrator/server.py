@@ -45,7 +45,7 @@ from timeslice.orchestrator.events import Effect, Event, Reason
 from timeslice.orchestrator.handoff import HandoffDriver
 from timeslice.orchestrator.journal import Journal, SqlJournal, open_journal
 from timeslice.orchestrator.kubernetes import KubernetesDiscovery
-from timeslice.orchestrator.leadership import LeaseRow
+from timeslice.orchestrator.leadership import Leadership, LeaseRow, Role
 from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group
 from timeslice.orchestrator.service import OrchestratorService
@@ -112,6 +112,12 @@ class Orchestrator:
         if self.engine is None:
             raise RuntimeError("the orchestrator is not started")
         return self.engine.table
+
+    @property
+    def epoch(self) -> int:
+        """The lock table's epoch, raised at every start and takeover and sent with
+        every command to the agents (0: the journal is not folded yet)."""
+        return self.engine.table.epoch if self.engine is not None else 0
 
     @property
     def serving(self) -> bool:
@@ -201,6 +207,16 @@ class Orchestrator:
                 " it steps down; retry against the active"
             )
         return None
+
+    def leadership(self) -> Leadership:
+        """This orchestrator's standing on its journal: active (the only writer, when
+        the journal has no leader lease), standby, or stepped down (stopping)."""
+        lease = self._journal.lease if isinstance(self._journal, SqlJournal) else None
+        if lease is not None:
+            return lease.leadership()
+        if self._standby:
+            return Leadership(role=Role.STANDBY)
+        return Leadership(role=Role.ACTIVE if self.serving else Role.STEPPED_DOWN)
 
     def _lease_held(self) -> bool:
         """False once an active's leader lease may have run out (it steps down then)."""
@@ -319,6 +335,7 @@ class Orchestrator:
         self.metrics = OrchestratorMetrics(
             lambda: ((g.name, len(g.queue)) for g in self._groups()),
             lambda: len(self.agents.addresses),
+            self.leadership,
         )
         host = self.config.metrics_host or self.config.host
         server = MetricsServer(

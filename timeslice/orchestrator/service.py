@@ -48,6 +48,7 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.config import OrchestratorConfig
 from timeslice.orchestrator.events import Effect
+from timeslice.orchestrator.leadership import Leadership
 from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group, GroupState
 from timeslice.orchestrator.state import LockTable
@@ -73,7 +74,12 @@ class OrchestratorApi(Protocol):
     @property
     def failure(self) -> BaseException | None: ...
 
+    @property
+    def epoch(self) -> int: ...
+
     def refusal(self) -> str | None: ...
+
+    def leadership(self) -> Leadership: ...
 
     async def acquire_groups(
         self,
@@ -375,6 +381,19 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
     # --- encoding ---------------------------------------------------------------------
 
+    async def get_leadership(self, message: pb.GetLeadershipRequest) -> pb.GetLeadershipResponse:
+        authorize(Verb.STATUS)
+        lead = self.orch.leadership()
+        return pb.GetLeadershipResponse(
+            role=lead.role.value,
+            lease_epoch=lead.epoch,
+            lease_ms=round(lead.lease * 1000),
+            lease_left_ms=round(lead.left * 1000),
+            holder=lead.holder,
+            table_epoch=self.orch.epoch,
+            version=package_version(),
+        )
+
     async def list_agents(self, message: pb.ListAgentsRequest) -> pb.ListAgentsResponse:
         sees = _groups_seen(authorize(Verb.STATUS))
         known = [
@@ -468,7 +487,10 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         routes = edge_mapping(super().__mapping__(), self, self.orch.gate)
         return {
-            route: handler._replace(func=self._admit(handler.func))
+            # Every candidate says where it stands, a standby too.
+            route: handler
+            if route.endswith("/GetLeadership")
+            else handler._replace(func=self._admit(handler.func))
             for route, handler in routes.items()
         }
 

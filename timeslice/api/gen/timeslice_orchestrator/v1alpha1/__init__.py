@@ -12,6 +12,8 @@ __all__ = (
     "ForceReleaseResponse",
     "GetGroupStatusRequest",
     "GetGroupStatusResponse",
+    "GetLeadershipRequest",
+    "GetLeadershipResponse",
     "GroupGrant",
     "GroupStatus",
     "GroupStatusState",
@@ -413,6 +415,65 @@ class GetGroupStatusResponse(betterproto2.Message):
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "GetGroupStatusResponse", GetGroupStatusResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class GetLeadershipRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "GetLeadershipRequest", GetLeadershipRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class GetLeadershipResponse(betterproto2.Message):
+    role: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    "active", "standby" or "stepped_down" (it lost its lease and is stopping).
+    """
+
+    lease_epoch: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    The leader lease's epoch: this orchestrator's when it is active, else the
+    newest it has seen. 0: its journal has no lease (SQLite, memory, or
+    PostgreSQL without --leader-lease): it is the only writer.
+    """
+
+    lease_ms: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+    """
+    The lease's length (0: no lease), and how long the lease as last read or
+    renewed has left (an active: what it still counts on by its own clock).
+    """
+
+    lease_left_ms: "int" = betterproto2.field(4, betterproto2.TYPE_INT64)
+
+    holder: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    The candidate that holds the lease, as the lease row names it.
+    """
+
+    active_address: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Where the active is reached, as it advertises itself ("": not known).
+    """
+
+    table_epoch: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    The lock table's epoch: raised by every start and takeover, and sent with
+    every command to the agents, which refuse an older one.
+    """
+
+    version: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    The orchestrator's version.
+    """
+
+
+default_message_pool.register_message(
+    "timeslice_orchestrator.v1alpha1", "GetLeadershipResponse", GetLeadershipResponse
 )
 
 
@@ -1149,6 +1210,31 @@ class TimeSliceOrchestratorServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_leadership(
+        self,
+        message: "GetLeadershipRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetLeadershipResponse":
+        """
+        This orchestrator's standing among the candidates on its journal: active or
+        standby, the leader lease's epoch and expiry. A standby answers it too.
+        """
+
+        if message is None:
+            message = GetLeadershipRequest()
+
+        return await self._unary_unary(
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/GetLeadership",
+            message,
+            GetLeadershipResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 from ...google import protobuf as __google__protobuf__
 from ...snapshot_agent import v1alpha1 as __snapshot_agent__v1alpha1__
@@ -1257,6 +1343,16 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def get_leadership(
+        self, message: "GetLeadershipRequest"
+    ) -> "GetLeadershipResponse":
+        """
+        This orchestrator's standing among the candidates on its journal: active or
+        standby, the leader lease's epoch and expiry. A standby answers it too.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_acquire(
         self, stream: "grpclib.server.Stream[AcquireRequest, AcquireResponse]"
     ) -> None:
@@ -1357,6 +1453,15 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.list_agents(request)
         await stream.send_message(response)
 
+    async def __rpc_get_leadership(
+        self,
+        stream: "grpclib.server.Stream[GetLeadershipRequest, GetLeadershipResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_leadership(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire": grpclib.const.Handler(
@@ -1430,5 +1535,11 @@ class TimeSliceOrchestratorServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ListAgentsRequest,
                 ListAgentsResponse,
+            ),
+            "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/GetLeadership": grpclib.const.Handler(
+                self.__rpc_get_leadership,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetLeadershipRequest,
+                GetLeadershipResponse,
             ),
         }

@@ -331,7 +331,18 @@ def serve_orchestrator(
     tune_gc_for_serving()
 
     async def serve() -> BaseException | None:
-        async with Orchestrator(config) as orch:
+        orch = Orchestrator(config)
+        # A signal during the start (a standby waits there until it takes over)
+        # ends it as cleanly as one after.
+        starting = asyncio.ensure_future(orch.start())
+        try:
+            await _until_signal_or(starting)
+            if not starting.done():
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                announce("shutting down before taking over", log_format)
+                return None
+            starting.result()
             announce(
                 f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
                 log_format,
@@ -341,6 +352,8 @@ def serve_orchestrator(
             if orch.failure is None:
                 announce("shutting down", log_format)
             return orch.failure
+        finally:
+            await orch.close()
 
     listen = _address(config.host, config.port)
     with user_errors(Scope(listen=listen, urls=[config.db] if config.db else [])):

@@ -8,6 +8,7 @@ down and exits non-zero."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -265,3 +266,37 @@ async def test_an_active_past_its_lease_answers_nothing_even_from_memory(databas
             await asyncio.gather(starting, return_exceptions=True)
         await active.close()
         await standby.close()
+
+
+async def test_a_standby_stops_cleanly_on_sigterm(database: str) -> None:
+    """A supervisor stops a standby as it stops an active: SIGTERM, exit 0."""
+    active = Orchestrator(db=database, leader_lease=LEASE)
+    await active.start()
+    port = free_port()
+    env = {**os.environ, "TIMESLICE_LEADER_LEASE": str(LEASE)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "timeslice", "serve", "orchestrator", "--db", database]
+        + ["--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # listening, as a standby
+            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+            with contextlib.suppress(OSError, GRPCError, TimeoutError):
+                if (await leadership_of(f"127.0.0.1:{port}")).role == "standby":
+                    break
+            assert time.monotonic() < deadline, "the standby did not start"
+            await asyncio.sleep(0.1)
+        child.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(child.wait, 10) == 0
+        assert active.serving  # it never took over
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+        await active.close()

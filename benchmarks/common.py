@@ -123,7 +123,8 @@ def serve(
     options: dict[str, Any] | None = None,
 ) -> None:
     """Process entry point: serve `kind` ("echo", or "orchestrator" journaling to the
-    SQLite file `db`, with `options` for its config) until told to stop; answers
+    SQLite file `db`, or the database URL `db`, with `options` for its config)
+    until told to stop; answers
     "cpu" (its CPU seconds), "usage" (`Usage`), ("profile", PATH) (start, then
     stop and dump cProfile) and, for an orchestrator, "table" on `conn`, and hands other commands to what
     `setup` returned."""
@@ -146,7 +147,8 @@ async def _serve(
             from timeslice.orchestrator.server import Orchestrator
 
             tune_gc_for_serving()  # as `timeslice serve orchestrator` does
-            url = f"sqlite:///{db}" if db else None
+            # A path is an SQLite file; a URL (PostgreSQL) is taken as it is.
+            url = (db if "://" in db else f"sqlite:///{db}") if db else None
             orch = await stack.enter_async_context(Orchestrator(db=url, port=0, **options))
             address = orch.address
             extra = _with_table(orch, extra)
@@ -615,6 +617,14 @@ async def _cancelled_on_sigterm(coroutine: Coroutine[Any, Any, _T]) -> _T:
         return await coroutine
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 a moment ago, for a server in another process that
+    cannot take port 0 and tell us."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from benchmarks.common import (  # noqa: E402
     add_common_arguments,
     describe,
     format_table,
+    free_port,
     machine,
     ms,
     now,
@@ -63,12 +63,6 @@ from benchmarks.handoff import measure_cycles, measure_handoffs  # noqa: E402
 TARGET = 1.1
 OBSERVE_GROUPS = 10
 VARIANTS = ("off", "on")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def scraping(address: str, interval: float, seen: list[tuple[float, int]]) -> None:

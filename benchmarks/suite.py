@@ -74,6 +74,8 @@ BENCHMARKS = (
               240, 150),
     Benchmark("secure", "handoff and cycles with TLS and tokens against the same without",
               300, 90, ("--rounds", "2")),
+    Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
+              180, 60),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

@@ -248,6 +248,13 @@ def serve_orchestrator(
             " active's lease runs out (default 5)."
         ),
     ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT clients reach this orchestrator at, which a standby names to"
+            " the clients it refuses (default: --host and --port, unless a wildcard)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -283,6 +290,7 @@ def serve_orchestrator(
         "metrics_port": ("metrics_port", metrics_port),
         "metrics_host": ("metrics_host", metrics_host),
         "leader_lease": ("leader_lease", leader_lease),
+        "advertise": ("advertise", advertise),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -297,6 +305,7 @@ def serve_orchestrator(
         "metrics_port",
         "metrics_host",
         "leader_lease",
+        "advertise",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(ctx, log_level, log_format)
@@ -378,7 +387,10 @@ def serve_agent(
     ] = 300.0,
     orchestrator: Annotated[
         str | None,
-        typer.Option(help="HOST:PORT of the orchestrator to register with and report to."),
+        typer.Option(
+            help="HOST:PORT of the orchestrator to register with and report to, or several"
+            " separated by commas (active and standbys: the active is found)."
+        ),
     ] = None,
     advertise: Annotated[
         str | None,

@@ -55,6 +55,7 @@ from timeslice.orchestrator.watches import Notice, Render, Watch
 from timeslice.security.callers import Caller, authorize, operator_fields, refusal_fields
 from timeslice.security.principals import Role, Verb
 from timeslice.versions import package_version
+from timeslice.targets import ACTIVE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class OrchestratorApi(Protocol):
     def failure(self) -> BaseException | None: ...
 
     def refusal(self) -> str | None: ...
+
+    def active_address(self) -> str | None: ...
 
     async def acquire_groups(
         self,
@@ -477,7 +480,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
         async def admitted(stream: Any) -> None:
             if (why := self.orch.refusal()) is not None:
-                raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
+                if (active := self.orch.active_address()) is None:
+                    raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
+                # A standby that knows the active names it, for clients to go there.
+                await stream.send_trailing_metadata(
+                    status=grpclib.const.Status.UNAVAILABLE,
+                    status_message=f"{why} (the active is at {active})",
+                    metadata={ACTIVE_KEY: active},
+                )
+                return
             await handle(stream)
 
         return admitted

@@ -1,6 +1,7 @@
 """A client whose orchestrator stops answering while its TCP connection stays open
 (a frozen process, a partition: here a proxy that stops forwarding) gives up on it
-within its ping interval plus its ping timeout, and reaches its other candidate."""
+within its ping interval plus its ping timeout, and reaches its other candidate;
+over TLS too (whose polite close would wait for the frozen peer)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.certs import Certs
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.orchestrator.server import Orchestrator
+from timeslice.security.tls import ServerTls
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,9 +68,15 @@ class FreezingProxy:
             writer.transport.abort()
 
 
-@pytest.fixture
-async def two() -> AsyncIterator[tuple[Orchestrator, Orchestrator, FreezingProxy]]:
-    async with Orchestrator() as first, Orchestrator() as second:
+@pytest.fixture(params=["plain", "tls"])
+async def two(
+    request: pytest.FixtureRequest, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Orchestrator, Orchestrator, FreezingProxy]]:
+    tls = None
+    if request.param == "tls":
+        tls = ServerTls(cert=certs.server.cert, key=certs.server.key)
+        monkeypatch.setenv("TIMESLICE_TLS_CA", certs.ca)  # the clients' CA
+    async with Orchestrator(tls=tls) as first, Orchestrator(tls=tls) as second:
         proxy = FreezingProxy(first.address)
         await proxy.start()
         try:

@@ -29,6 +29,7 @@ from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.events import RecvTrailingMetadata, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 
 from timeslice.client._transport import close_channel, open_channel
 from timeslice.errors import InvalidArgumentError, UnavailableError
@@ -85,6 +86,34 @@ def unreachable(error: BaseException) -> bool:
     if isinstance(error, GRPCError):
         return error.status is Status.UNAVAILABLE
     return isinstance(error, OSError) and not isinstance(error, TimeoutError)
+
+
+def _abort_when_closed(channel: Channel) -> None:
+    """Make `channel`'s connections drop their socket at once when grpclib closes them
+    (an unanswered ping, a lost connection). A TLS transport's own close first waits for
+    the peer's close_notify, up to asyncio's 30 s shutdown timeout: a frozen server
+    never sends it, and the calls on the connection would wait as long."""
+    make = channel._protocol_factory
+
+    def factory() -> H2Protocol:
+        protocol = make()
+        made = protocol.connection_made
+
+        def connection_made(transport: Any) -> None:
+            made(transport)
+            connection = protocol.connection
+            close = connection.close
+
+            def abort_then_close() -> None:
+                transport.abort()
+                close()
+
+            setattr(connection, "close", abort_then_close)  # noqa: B010 (an instance's method)
+
+        setattr(protocol, "connection_made", connection_made)  # noqa: B010
+        return protocol
+
+    setattr(channel, "_protocol_factory", factory)  # noqa: B010
 
 
 class Connector:
@@ -211,6 +240,7 @@ class Connector:
         elif override is not None:
             config = Configuration(ssl_target_name_override=override)
         channel = open_channel(endpoint.dial, tls, self._token, config=config)
+        _abort_when_closed(channel)
 
         async def remember_active(event: RecvTrailingMetadata) -> None:
             if event.status is Status.UNAVAILABLE and self._channel is channel:

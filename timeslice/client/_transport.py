@@ -75,8 +75,10 @@ def close_channel(channel: Channel) -> None:
     protocol = getattr(channel, "_protocol", None)
     connection = getattr(protocol, "connection", None)
     transport = getattr(connection, "_transport", None)
+    # Asked before the close: an aborted TLS transport answers nothing more.
+    tls = transport is not None and transport.get_extra_info("ssl_object") is not None
     channel.close()
-    if transport is not None and transport.get_extra_info("ssl_object") is not None:
+    if tls and transport is not None:
         transport.abort()
 
 

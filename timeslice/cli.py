@@ -34,13 +34,13 @@ from timeslice.cli_credentials import (
 )
 from timeslice.cli_env import EnvCommand, environment_note, given, source_name
 from timeslice.cli_errors import CommandError, Scope, debugging, shown, user_errors
-from timeslice.errors import TimeSliceError, UnimplementedError
+from timeslice.errors import TimeSliceError
 from timeslice.logs import LOG_FORMATS, LOG_LEVELS, announce
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from timeslice.client import AsyncTimeSliceOrchestratorClient, Leadership
+    from timeslice.client import AsyncTimeSliceOrchestratorClient
 
 app = typer.Typer(
     help="Share accelerators between RL jobs, one holder at a time.",
@@ -248,6 +248,13 @@ def serve_orchestrator(
             " active's lease runs out (default 5)."
         ),
     ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT clients reach this orchestrator at, which a standby names to"
+            " the clients it refuses (default: --host and --port, unless a wildcard)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the orchestrator (the lock service) on HOST:PORT.
 
@@ -283,6 +290,7 @@ def serve_orchestrator(
         "metrics_port": ("metrics_port", metrics_port),
         "metrics_host": ("metrics_host", metrics_host),
         "leader_lease": ("leader_lease", leader_lease),
+        "advertise": ("advertise", advertise),
     }
     # Options whose default is the configuration's own: unset, they leave it be.
     config_defaults = {
@@ -297,6 +305,7 @@ def serve_orchestrator(
         "metrics_port",
         "metrics_host",
         "leader_lease",
+        "advertise",
     }
     with user_errors(Scope(urls=[db])):
         _setup_logging(ctx, log_level, log_format)
@@ -391,7 +400,10 @@ def serve_agent(
     ] = 300.0,
     orchestrator: Annotated[
         str | None,
-        typer.Option(help="HOST:PORT of the orchestrator to register with and report to."),
+        typer.Option(
+            help="HOST:PORT of the orchestrator to register with and report to, or several"
+            " separated by commas (active and standbys: the active is found)."
+        ),
     ] = None,
     advertise: Annotated[
         str | None,
@@ -520,17 +532,14 @@ def status(
     async def show(client: AsyncTimeSliceOrchestratorClient) -> None:
         from timeslice.cli_views import dumps, leadership_line, status_json
 
-        try:
-            standing: Leadership | None = await client.get_leadership()
-        except UnimplementedError:  # an orchestrator older than leader leases
-            standing = None
+        standings = await client.each_leadership()
         groups = [group] if group else await client.list_groups()
         if json_output:
             answers = [await client.get_status(name) for name in groups]
-            typer.echo(dumps(status_json(answers, standing)))
+            typer.echo(dumps(status_json(answers, standings)))
             return
-        if standing is not None:
-            typer.echo(leadership_line(client.target, standing))
+        for address, standing in standings:
+            typer.echo(leadership_line(address, standing))
         if not groups:
             typer.echo("no groups yet")
         for name in groups:

@@ -21,7 +21,15 @@ if TYPE_CHECKING:
     from timeslice.client import AsyncSnapshotAgentClient, AsyncTimeSliceOrchestratorClient
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-Target = Annotated[str, typer.Option("--target", "-t", help="Orchestrator address HOST:PORT.")]
+Target = Annotated[
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        help="Orchestrator address HOST:PORT, or several separated by commas (the"
+        " active one is found).",
+    ),
+]
 # The agent documents no default Unix socket (`serve agent --socket` is optional),
 # so its default TCP port on this machine.
 DEFAULT_AGENT_TARGET = "127.0.0.1:9001"
@@ -79,11 +87,11 @@ def _run(
     run: Callable[[ClientCredentials], Awaitable[None]],
     credentials: Callable[[], ClientCredentials],
 ) -> None:
-    from timeslice.ids import parse_target
+    from timeslice.targets import parse_targets
 
     with user_errors(scope):
         try:
-            parse_target(target)
+            parse_targets(target)
         except TimeSliceError as exc:
             raise typer.BadParameter(f"--target: {exc}") from None
         anyio.run(run, credentials())

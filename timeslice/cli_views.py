@@ -12,7 +12,10 @@ import datetime
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from timeslice.errors import TimeSliceError, UnimplementedError
 
 if TYPE_CHECKING:
     from timeslice.client.agent_types import StatusResponse
@@ -64,9 +67,12 @@ def group_json(g: GroupStatus) -> Json:
     }
 
 
-def status_json(answers: list[OrchestratorGroupStatus], standing: Leadership | None = None) -> Json:
-    """`timeslice status --json`: where the orchestrator stands (null: too old to
-    say), then every group asked for, with its contexts on the nodes."""
+def status_json(
+    answers: list[OrchestratorGroupStatus],
+    standings: Sequence[tuple[str, Leadership | TimeSliceError]] = (),
+) -> Json:
+    """`timeslice status --json`: where each orchestrator of the target stands, then
+    every group asked for, with its contexts on the nodes."""
     groups = []
     for answer in answers:
         contexts = [
@@ -74,39 +80,52 @@ def status_json(answers: list[OrchestratorGroupStatus], standing: Leadership | N
             for s in answer.agent_job_states
         ]
         groups.append({**group_json(answer.group), "contexts": contexts})
-    return {"orchestrator": leadership_json(standing), "groups": groups}
+    orchestrators = [leadership_json(address, s) for address, s in standings]
+    return {"orchestrators": orchestrators, "groups": groups}
 
 
-def leadership_json(standing: Leadership | None) -> Json | None:
-    """Where one orchestrator stands, as `status --json` shows it."""
-    if standing is None:
-        return None
+def leadership_json(address: str, standing: Leadership | TimeSliceError) -> Json:
+    """Where one orchestrator stands, as `status --json` shows it (`error`: why it
+    did not say; the rest is then null)."""
+    said = standing if not isinstance(standing, TimeSliceError) else None
     return {
-        "role": standing.role,
-        "lease_epoch": standing.lease_epoch,
-        "lease_seconds": standing.lease_sec,
-        "lease_left_seconds": standing.lease_left_sec,
-        "holder": _or_none(standing.holder),
-        "active_address": _or_none(standing.active_address),
-        "table_epoch": standing.table_epoch,
-        "version": standing.version,
+        "address": address,
+        "role": said.role if said else None,
+        "lease_epoch": said.lease_epoch if said else None,
+        "lease_seconds": said.lease_sec if said else None,
+        "lease_left_seconds": said.lease_left_sec if said else None,
+        "holder": _or_none(said.holder) if said else None,
+        "active_address": _or_none(said.active_address) if said else None,
+        "table_epoch": said.table_epoch if said else None,
+        "version": said.version if said else None,
+        "error": _failure(standing) if isinstance(standing, TimeSliceError) else None,
     }
 
 
-def leadership_line(target: str, standing: Leadership) -> str:
-    """One line: where the orchestrator at `target` stands."""
+def leadership_line(address: str, standing: Leadership | TimeSliceError) -> str:
+    """One line: where the orchestrator at `address` stands."""
+    if isinstance(standing, TimeSliceError):
+        return f"orchestrator {address}: no answer ({_failure(standing)})"
     if not standing.lease_sec:
         return (
-            f"orchestrator {target}: {standing.role}, the only writer of its journal"
+            f"orchestrator {address}: {standing.role}, the only writer of its journal"
             f" (table epoch {standing.table_epoch})"
         )
-    where = f", active at {standing.active_address}" if standing.active_address else ""
+    where = ""
+    if standing.role != "active" and standing.active_address:
+        where = f", the active is {standing.active_address}"
     by = f" held by {standing.holder}" if standing.role != "active" and standing.holder else ""
     return (
-        f"orchestrator {target}: {standing.role} (lease epoch {standing.lease_epoch}{by},"
+        f"orchestrator {address}: {standing.role} (lease epoch {standing.lease_epoch}{by},"
         f" {standing.lease_left_sec:.1f} s of {standing.lease_sec:g} s left{where};"
         f" table epoch {standing.table_epoch})"
     )
+
+
+def _failure(error: TimeSliceError) -> str:
+    if isinstance(error, UnimplementedError):
+        return "too old to say"
+    return f"{error.message} ({error.code.name})"
 
 
 # --- watch -----------------------------------------------------------------------------

@@ -111,14 +111,15 @@ async def test_status_says_where_the_orchestrator_stands_and_json_has_the_docume
     assert code == 0, err
     [line] = out.splitlines()  # one document
     document = json.loads(line)
-    assert set(document) == {"orchestrator", "groups"}
-    standing = document["orchestrator"]
+    assert set(document) == {"orchestrators", "groups"}
+    [standing] = document["orchestrators"]
     assert set(standing) == {
-        "role", "lease_epoch", "lease_seconds", "lease_left_seconds", "holder",
-        "active_address", "table_epoch", "version",
+        "address", "role", "lease_epoch", "lease_seconds", "lease_left_seconds", "holder",
+        "active_address", "table_epoch", "version", "error",
     }  # fmt: skip
     assert standing["role"] == "active" and standing["lease_epoch"] == 0  # no leader lease
     assert standing["table_epoch"] == orch.table.epoch and standing["holder"] is None
+    assert standing["address"] == orch.address and standing["error"] is None
     [g] = document["groups"]
     assert set(g) == GROUP_KEYS | {"contexts"}
     assert (g["group"], g["state"], g["holder"], g["queue"]) == ("g", "LOCKED", "a", ["b"])

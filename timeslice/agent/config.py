@@ -14,6 +14,7 @@ from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
 from timeslice.security.tls import ClientTls, ServerTls, check_token
 from timeslice.ids import check_id, check_metrics_port, parse_target
+from timeslice.targets import parse_targets
 
 MiB = 1024 * 1024
 
@@ -51,7 +52,8 @@ class AgentConfig:
     orchestrator_tls: ClientTls | None = None
     orchestrator_token: str = ""
     drain_timeout: float = 5.0
-    # The orchestrator (HOST:PORT) to register with and report jobs to; None: none.
+    # The orchestrator (HOST:PORT, or several comma-separated: the active is found)
+    # to register with and report jobs to; None: none.
     orchestrator: str | None = None
     # The address the orchestrator reaches this agent at (default: where it listens).
     advertise: str | None = None
@@ -97,8 +99,10 @@ class AgentConfig:
         if not self.node_name:
             raise InvalidArgumentError("node_name must not be empty")
         check_id("node_name", self.node_name)
-        for target in filter(None, (self.orchestrator, self.advertise)):
-            parse_target(target)
+        if self.orchestrator:
+            parse_targets(self.orchestrator)  # one orchestrator or several, comma-separated
+        if self.advertise:
+            parse_target(self.advertise)
         for group in self.groups:
             check_id("group", group)
         if self.operation_timeout <= 0 or self.operation_retention <= 0:

@@ -7,7 +7,10 @@ the orchestrator acts on changes: a job appearing or leaving, or its liveness
 pidfd, so an exit is reported at once, nothing polled). Moving contexts about
 changes none of it, so a switch sends no report. A broken stream is opened again
 with backoff, so that a restarted orchestrator hears from every agent within
-about a second of its start.
+about a second of its start. The target may list several orchestrators (an
+active and its standbys): a session refused or broken is opened on the next one,
+or on the active a standby names (`timeslice.client._connector`), and a frozen
+orchestrator is left once its pings go unanswered.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.backends import AcceleratorMemory
-from timeslice.client._transport import backoff_delays, close_channel, in_own_task, open_channel
+from timeslice.client._connector import Connector
+from timeslice.client._transport import backoff_delays, in_own_task
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
 from timeslice.fencing import new_key
-from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
 from timeslice.security.tls import ClientTls
+from timeslice.targets import parse_targets
 
 
 class Reporting(Protocol):
@@ -81,6 +85,7 @@ class OrchestratorLink:
     ) -> None:
         self.agent = agent
         self.target = target
+        self._targets = parse_targets(target)
         # The session's credentials (`AgentConfig.orchestrator_tls`, `orchestrator_token`).
         self.tls = tls
         self.token = token or None
@@ -135,22 +140,27 @@ class OrchestratorLink:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         delays = backoff_delays()
-        while not self._closing.is_set():
-            target = parse_target(self.target)
-            channel = open_channel(target, self.tls, self.token)
-            began = loop.time()
-            try:
-                # In a task of its own: grpclib's cancellations when the
-                # connection drops stay with it (see `in_own_task`).
-                await in_own_task(self._session(channel))
-            except Exception as exc:  # down, restarting, or it ended the session
-                log.info("session with orchestrator %s ended: %s", self.target, exc)
-            finally:
-                close_channel(channel)
-            if loop.time() - began > HEALTHY_SESSION_SEC:
-                delays = backoff_delays()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), next(delays))
+        connector = Connector(self._targets, self.tls, self.token)
+        try:
+            while not self._closing.is_set():
+                channel = await connector.channel()
+                began = loop.time()
+                try:
+                    # In a task of its own: grpclib's cancellations when the
+                    # connection drops stay with it (see `in_own_task`).
+                    await in_own_task(self._session(channel))
+                except Exception as exc:  # down, restarting, a standby, or it ended it
+                    log.info("session with orchestrator %s ended: %s", self.target, exc)
+                finally:
+                    # A new connection for the next session: to the next candidate if
+                    # there are several, or to the active a standby named.
+                    connector.failed(channel, close=True)
+                if loop.time() - began > HEALTHY_SESSION_SEC:
+                    delays = backoff_delays()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), next(delays))
+        finally:
+            connector.close()
 
     async def _session(self, channel: Channel) -> None:
         async with channel.request(

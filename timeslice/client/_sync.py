@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.client._bridge import LoopThread, OnAccelerators, run_blocking
 from timeslice.client._leases import LeaseLostCallback
+from timeslice.client._connector import DEFAULT_PING_EVERY_SEC, DEFAULT_PING_TIMEOUT_SEC
 from timeslice.client._transport import credentials
 from timeslice.client.orchestrator import DEFAULT_TARGET, AsyncTimeSliceOrchestratorClient
 from timeslice.client.types import (
@@ -27,7 +28,7 @@ from timeslice.client.types import (
     WatchEvent,
     YieldResult,
 )
-from timeslice.ids import parse_target
+from timeslice.targets import parse_targets
 from timeslice.security.tls import ClientTls
 
 T = TypeVar("T")
@@ -64,8 +65,10 @@ class TimeSliceOrchestratorClient:
         tls: ClientTls | None = None,
         token: str | None = None,
         credentials_from_env: bool = True,
+        ping_every_sec: float | None = DEFAULT_PING_EVERY_SEC,
+        ping_timeout_sec: float = DEFAULT_PING_TIMEOUT_SEC,
     ) -> None:
-        parse_target(target)  # a bad target fails here, before a thread starts
+        parse_targets(target)  # a bad target fails here, before a thread starts
         tls, token = credentials(tls, token, credentials_from_env)  # and bad credentials
         if channel_options:
             names = [str(o[0]) if isinstance(o, tuple) and o else repr(o) for o in channel_options]
@@ -90,6 +93,8 @@ class TimeSliceOrchestratorClient:
                 tls=tls,
                 token=token,
                 credentials_from_env=False,
+                ping_every_sec=ping_every_sec,
+                ping_timeout_sec=ping_timeout_sec,
             )
 
         try:

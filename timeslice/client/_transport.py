@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import TypeVar
 
 from grpclib.client import Channel
+from grpclib.config import Configuration
 from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -44,12 +45,18 @@ def credentials(
     return tls, (check_token(token) if token else None)
 
 
-def open_channel(target: Target, tls: ClientTls | None, token: str | None) -> Channel:
+def open_channel(
+    target: Target,
+    tls: ClientTls | None,
+    token: str | None,
+    config: Configuration | None = None,
+) -> Channel:
     """A channel to `target`: over TLS when `tls` is given (TCP targets only: a Unix
     socket is local, and its peer credentials say who calls), with
-    `authorization: Bearer <token>` on every call and stream when `token` is."""
+    `authorization: Bearer <token>` on every call and stream when `token` is;
+    `config`: grpclib's (pings, the TLS server name)."""
     context = tls.context() if tls is not None and target.path is None else None
-    channel = Channel(target.host, target.port, path=target.path, ssl=context)
+    channel = Channel(target.host, target.port, path=target.path, ssl=context, config=config)
     if token:
         value = f"Bearer {token}"
 
@@ -68,8 +75,10 @@ def close_channel(channel: Channel) -> None:
     protocol = getattr(channel, "_protocol", None)
     connection = getattr(protocol, "connection", None)
     transport = getattr(connection, "_transport", None)
+    # Asked before the close: an aborted TLS transport answers nothing more.
+    tls = transport is not None and transport.get_extra_info("ssl_object") is not None
     channel.close()
-    if transport is not None and transport.get_extra_info("ssl_object") is not None:
+    if tls and transport is not None:
         transport.abort()
 
 

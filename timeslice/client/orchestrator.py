@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -22,13 +22,19 @@ from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client._bridge import AcquireCall, OnAccelerators
 from timeslice.client._leases import Holding, LeaseKeeper, LeaseLostCallback
+from timeslice.client._connector import (
+    DEFAULT_PING_EVERY_SEC,
+    DEFAULT_PING_TIMEOUT_SEC,
+    Connector,
+    Pings,
+    unreachable,
+)
 from timeslice.client._transport import (
+    backoff_delays,
     call_with_retry,
-    close_channel,
     credentials,
     in_own_task,
     map_errors,
-    open_channel,
     own_tasks,
 )
 from timeslice.client.types import (
@@ -56,12 +62,14 @@ from timeslice.errors import (
     NotHolderError,
     PermissionDeniedError,
     TimeSliceError,
+    UnavailableError,
     UnimplementedError,
 )
-from timeslice.ids import parse_target
+from timeslice.targets import format_target, parse_targets
 from timeslice.security.tls import ClientTls
 
 R = TypeVar("R")
+Stub = pb.TimeSliceOrchestratorServiceStub
 
 logger = logging.getLogger("timeslice.client")
 
@@ -93,7 +101,14 @@ class AsyncTimeSliceOrchestratorClient:
     no lease (the holder is then never revoked for silence).
     ``call_timeout_sec`` bounds each call but a waiting Acquire;
     ``reconnect_timeout_sec`` is how long a call keeps retrying while the
-    server cannot be reached. ``tls`` (a `ClientTls`) connects over TLS and
+    server cannot be reached. ``target`` may list several orchestrators
+    (``"h1:50051,h2:50051"``, at most 16) and a host name may resolve to several
+    addresses: every one is a candidate, and a call that finds one unreachable or
+    a standby is retried on the next (on the active, when a standby names one of
+    the candidates), within ``reconnect_timeout_sec``. While a call is open the
+    connection is pinged every ``ping_every_sec`` (None: never) and given up on
+    after ``ping_timeout_sec`` without an answer, so that a server that stops
+    answering (frozen, cut off) is left within their sum. ``tls`` (a `ClientTls`) connects over TLS and
     ``token`` sends ``authorization: Bearer <token>`` with every call; each
     defaults to the environment's (TIMESLICE_TLS_CA, TIMESLICE_TLS_CERT,
     TIMESLICE_TLS_KEY; TIMESLICE_TOKEN) unless ``credentials_from_env`` is
@@ -122,9 +137,18 @@ class AsyncTimeSliceOrchestratorClient:
         tls: ClientTls | None = None,
         token: str | None = None,
         credentials_from_env: bool = True,
+        ping_every_sec: float | None = DEFAULT_PING_EVERY_SEC,
+        ping_timeout_sec: float = DEFAULT_PING_TIMEOUT_SEC,
     ) -> None:
-        self._target = parse_target(target)
+        targets = parse_targets(target)
         self._tls, self._token = credentials(tls, token, credentials_from_env)
+        pings = (
+            None
+            if ping_every_sec is None
+            else Pings(every=ping_every_sec, timeout=ping_timeout_sec)
+        )
+        if ping_every_sec is None:
+            Pings(timeout=ping_timeout_sec)  # checks it all the same
         if lease_ttl_sec is not None and not lease_ttl_sec > 0:
             raise InvalidArgumentError(f"lease_ttl_sec must be positive or None: {lease_ttl_sec}")
         if not call_timeout_sec > 0:
@@ -140,9 +164,12 @@ class AsyncTimeSliceOrchestratorClient:
         self._priority = priority
         self._call_timeout_sec = call_timeout_sec
         self._reconnect_timeout_sec = reconnect_timeout_sec
-        self._channel = channel
-        self._owns_channel = channel is None
-        self._stub = None if channel is None else pb.TimeSliceOrchestratorServiceStub(channel)
+        # A channel given is used as it is; otherwise the connector moves along the targets.
+        self._connector = (
+            Connector(targets, self._tls, self._token, pings) if channel is None else None
+        )
+        self._fixed = None if channel is None else Stub(channel)
+        self._stubs: tuple[Channel, Stub] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
@@ -170,8 +197,8 @@ class AsyncTimeSliceOrchestratorClient:
             return
         self._closed = True
         await self._leases.close()
-        if self._owns_channel and self._channel is not None:
-            close_channel(self._channel)
+        if self._connector is not None:
+            self._connector.close()
 
     def acquire(
         self,
@@ -251,46 +278,70 @@ class AsyncTimeSliceOrchestratorClient:
         """The group's lock state and its jobs' context states on every node
         (``lock_only``: the lock state alone, without asking the agents)."""
         group = self._group(group_id)
-        stub = self._connect()
+        self._connect()
         request = pb.GetGroupStatusRequest(group_id=group, lock_only=lock_only)
         response = await self._retrying(
             f"GetGroupStatus({group})",
             timeout_sec,
-            lambda timeout: stub.get_group_status(request, timeout=timeout),
+            lambda stub, timeout: stub.get_group_status(request, timeout=timeout),
         )
         return orchestrator_group_status(response, group)
 
     async def list_groups(self, timeout_sec: float | None = None) -> list[str]:
         """Every group the orchestrator knows."""
-        stub = self._connect()
+        self._connect()
         response = await self._retrying(
             "ListGroups",
             timeout_sec,
-            lambda timeout: stub.list_groups(pb.ListGroupsRequest(), timeout=timeout),
+            lambda stub, timeout: stub.list_groups(pb.ListGroupsRequest(), timeout=timeout),
         )
         return list(response.group_ids)
 
     async def list_agents(self, timeout_sec: float | None = None) -> AgentList:
         """Every agent the orchestrator knows, each asked for its Status just now, and
         the orchestrator's version."""
-        stub = self._connect()
+        self._connect()
         response = await self._retrying(
             "ListAgents",
             timeout_sec,
-            lambda timeout: stub.list_agents(pb.ListAgentsRequest(), timeout=timeout),
+            lambda stub, timeout: stub.list_agents(pb.ListAgentsRequest(), timeout=timeout),
         )
         return agent_list(response)
 
     async def get_leadership(self, timeout_sec: float | None = None) -> Leadership:
         """Where this orchestrator stands: active or standby, the leader lease's epoch
         and what it has left (a standby answers too)."""
-        stub = self._connect()
+        self._connect()
         response = await self._retrying(
             "GetLeadership",
             timeout_sec,
-            lambda timeout: stub.get_leadership(pb.GetLeadershipRequest(), timeout=timeout),
+            lambda stub, timeout: stub.get_leadership(pb.GetLeadershipRequest(), timeout=timeout),
         )
         return leadership(response)
+
+    async def each_leadership(
+        self, timeout_sec: float = 2.0
+    ) -> list[tuple[str, Leadership | TimeSliceError]]:
+        """Every address of this client's target, asked where it stands (or why it
+        did not say), at once and with this client's credentials: which of the
+        candidates is active."""
+
+        async def ask(address: str) -> Leadership | TimeSliceError:
+            one = AsyncTimeSliceOrchestratorClient(
+                address, lease_ttl_sec=None, call_timeout_sec=timeout_sec,
+                reconnect_timeout_sec=0.0, tls=self._tls, token=self._token,
+                credentials_from_env=False,
+            )  # fmt: skip
+            try:
+                return await one.get_leadership(timeout_sec)
+            except TimeSliceError as exc:
+                return exc
+            finally:
+                await one.close()
+
+        addresses = [format_target(t) for t in parse_targets(self.target)]
+        answers = await asyncio.gather(*(ask(address) for address in addresses))
+        return list(zip(addresses, answers, strict=True))
 
     async def keep_alive(
         self,
@@ -300,7 +351,7 @@ class AsyncTimeSliceOrchestratorClient:
     ) -> LeaseInfo:
         """Renews the job's lease now (the client also does so in the background)."""
         job, group = self._job(job_id), self._group(group_id)
-        stub = self._connect()
+        self._connect()
         holding = self._leases.held(group, job)
         request = pb.KeepAliveRequest(
             group_id=group, job_id=job, lease_id=holding.lease_id if holding else ""
@@ -308,7 +359,11 @@ class AsyncTimeSliceOrchestratorClient:
         sent_at = asyncio.get_running_loop().time()
         with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
             response = await in_own_task(
-                stub.keep_alive(request, timeout=timeout_sec or self._call_timeout_sec)
+                self._on(
+                    lambda stub: stub.keep_alive(
+                        request, timeout=timeout_sec or self._call_timeout_sec
+                    )
+                )
             )
         if holding is not None:
             self._leases.renewed(holding, response, sent_at)
@@ -333,14 +388,38 @@ class AsyncTimeSliceOrchestratorClient:
     async def watch(self, group_id: str = "") -> AsyncGenerator[WatchEvent, None]:
         """The events of one group, or of every group when ``group_id`` is empty.
 
-        The first event is the group's current status. The stream has no
-        deadline; it ends when the server closes it, and is not resumed.
+        The first event is the group's current status. Until it arrives the stream
+        is opened again on the next candidate while the server cannot be reached or
+        is a standby (within ``reconnect_timeout_sec``); once it has, the stream has
+        no deadline, ends when the server closes it, and is not resumed (a new
+        watch starts again from the current status).
         """
-        stub = self._connect()
-        with map_errors(f"Watch({group_id or '*'})", NotHolderError):
-            async with own_tasks(stub.watch(pb.WatchRequest(group_id=group_id))) as messages:
-                async for message in messages:
-                    yield watch_event(message)
+        self._connect()
+        what = f"Watch({group_id or '*'})"
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
+        delays = backoff_delays()
+        while True:
+            started = False
+            channel, stub = await self._stub()
+            try:
+                with self._using(channel), map_errors(what, NotHolderError):
+                    request = pb.WatchRequest(group_id=group_id)
+                    async with own_tasks(stub.watch(request)) as messages:
+                        async for message in messages:
+                            started = True
+                            yield watch_event(message)
+                return
+            except UnavailableError:
+                if started:
+                    raise
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= self._reconnect_timeout_sec:
+                    raise
+                await asyncio.sleep(
+                    min(next(delays), failing_since + self._reconnect_timeout_sec - now)
+                )
 
     async def force_release(
         self,
@@ -355,11 +434,15 @@ class AsyncTimeSliceOrchestratorClient:
         release the next holder.
         """
         group = self._group(group_id)
-        stub = self._connect()
+        self._connect()
         request = pb.ForceReleaseRequest(group_id=group, job_id=job_id, reason=reason)
         with map_errors(f"ForceRelease({group})", NotHolderError):
             response = await in_own_task(
-                stub.force_release(request, timeout=timeout_sec or self._call_timeout_sec)
+                self._on(
+                    lambda stub: stub.force_release(
+                        request, timeout=timeout_sec or self._call_timeout_sec
+                    )
+                )
             )
         return force_release_result(response)
 
@@ -376,14 +459,14 @@ class AsyncTimeSliceOrchestratorClient:
         every switch, so that a plain process is switched through ``cuda_config(pids)``
         and a workload through its channel. ``None`` forgets it."""
         group, job = self._group(group_id), self._job(job_id)
-        stub = self._connect()
+        self._connect()
         request = pb.RegisterJobRequest(
             group_id=group, job_id=job, node=node, backend_config=backend_config
         )
         await self._retrying(
             f"RegisterJob({group}/{job})",
             timeout_sec,
-            lambda timeout: stub.register_job(request, timeout=timeout),
+            lambda stub, timeout: stub.register_job(request, timeout=timeout),
         )
 
     async def reset_job(
@@ -396,12 +479,12 @@ class AsyncTimeSliceOrchestratorClient:
         snapshot or restore), there and on the group's agents. True if it was
         quarantined."""
         group, job = self._group(group_id), self._job(job_id)
-        stub = self._connect()
+        self._connect()
         request = pb.ResetJobRequest(group_id=group, job_id=job)
         response = await self._retrying(
             f"ResetJob({group}/{job})",
             timeout_sec,
-            lambda timeout: stub.reset_job(request, timeout=timeout),
+            lambda stub, timeout: stub.reset_job(request, timeout=timeout),
         )
         return response.was_quarantined
 
@@ -411,12 +494,12 @@ class AsyncTimeSliceOrchestratorClient:
         """Names the nodes the group spans: node names of agents that register
         themselves, or agent addresses (HOST:PORT). Empty: none."""
         group = self._group(group_id)
-        stub = self._connect()
+        self._connect()
         request = pb.SetGroupNodesRequest(group_id=group, nodes=list(nodes))
         await self._retrying(
             f"SetGroupNodes({group})",
             timeout_sec,
-            lambda timeout: stub.set_group_nodes(request, timeout=timeout),
+            lambda stub, timeout: stub.set_group_nodes(request, timeout=timeout),
         )
 
     def on_accelerators(
@@ -454,7 +537,7 @@ class AsyncTimeSliceOrchestratorClient:
             )
         return resolved
 
-    def _connect(self) -> pb.TimeSliceOrchestratorServiceStub:
+    def _connect(self) -> None:
         if self._closed:
             raise RuntimeError("the orchestrator client is closed")
         loop = asyncio.get_running_loop()
@@ -464,17 +547,40 @@ class AsyncTimeSliceOrchestratorClient:
             raise RuntimeError(
                 "the orchestrator client belongs to another event loop; make one per loop"
             )
-        if self._stub is None:
-            target = self._target
-            self._channel = open_channel(target, self._tls, self._token)
-            self._stub = pb.TimeSliceOrchestratorServiceStub(self._channel)
-        return self._stub
+
+    async def _stub(self) -> tuple[Channel | None, Stub]:
+        """The channel calls go to now (None: the one given) and its stub."""
+        self._connect()
+        if self._fixed is not None or self._connector is None:
+            assert self._fixed is not None
+            return None, self._fixed
+        channel = await self._connector.channel()
+        if self._stubs is None or self._stubs[0] is not channel:
+            self._stubs = (channel, Stub(channel))
+        return self._stubs
+
+    @contextlib.contextmanager
+    def _using(self, channel: Channel | None) -> Iterator[None]:
+        """Around a call on `channel`: an error that says its server cannot serve moves
+        the client on to its next candidate."""
+        try:
+            yield
+        except BaseException as error:
+            if channel is not None and self._connector is not None and unreachable(error):
+                self._connector.failed(channel)
+            raise
+
+    async def _on(self, send: Callable[[Stub], Awaitable[R]]) -> R:
+        """`send(stub)` to the current candidate (moving on if it cannot serve)."""
+        channel, stub = await self._stub()
+        with self._using(channel):
+            return await send(stub)
 
     async def _retrying(
         self,
         what: str,
         timeout_sec: float | None,
-        send: Callable[[float], Awaitable[R]],
+        send: Callable[[Stub, float], Awaitable[R]],
         denied: type[TimeSliceError] = PermissionDeniedError,
     ) -> R:
         """Sends a call that is safe to repeat, retrying while the server is unreachable.
@@ -483,7 +589,8 @@ class AsyncTimeSliceOrchestratorClient:
         """
 
         def attempt(left: float | None) -> Awaitable[R]:
-            return send(self._call_timeout_sec if left is None else left)
+            timeout = self._call_timeout_sec if left is None else left
+            return self._on(lambda stub: send(stub, timeout))
 
         return await call_with_retry(
             attempt,
@@ -497,7 +604,7 @@ class AsyncTimeSliceOrchestratorClient:
     async def _acquire(
         self, job: str, group: str, timeout_sec: float | None, more: Sequence[str] = ()
     ) -> AcquireResult:
-        stub = self._connect()
+        self._connect()
         request_id = uuid.uuid4().hex
 
         def attempt(left: float | None) -> Awaitable[pb.AcquireResponse]:
@@ -513,7 +620,7 @@ class AsyncTimeSliceOrchestratorClient:
                 more_group_ids=list(more),
             )
             timeout = None if left is None else _acquire_deadline(max(left, 0.0))
-            return stub.acquire(request, timeout=timeout)
+            return self._on(lambda stub: stub.acquire(request, timeout=timeout))
 
         response = await call_with_retry(
             attempt,
@@ -552,7 +659,7 @@ class AsyncTimeSliceOrchestratorClient:
         )
 
     async def _release(self, job: str, group: str, timeout_sec: float | None) -> YieldResult:
-        stub = self._connect()
+        self._connect()
         holding = await self._leases.take(group, job)
         request = pb.YieldRequest(
             job_id=job,
@@ -566,7 +673,7 @@ class AsyncTimeSliceOrchestratorClient:
             response = await self._retrying(
                 f"Yield({group}/{job})",
                 timeout_sec,
-                lambda timeout: stub.yield_(request, timeout=timeout),
+                lambda stub, timeout: stub.yield_(request, timeout=timeout),
                 denied=NotHolderError,
             )
         except (ConflictError, NotFoundError):
@@ -594,12 +701,14 @@ class AsyncTimeSliceOrchestratorClient:
             )
 
     async def _send_keep_alive(self, holding: Holding, timeout: float) -> pb.KeepAliveResponse:
-        stub = self._connect()
+        self._connect()
         request = pb.KeepAliveRequest(
             group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
         )
         with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
-            return await in_own_task(stub.keep_alive(request, timeout=timeout))
+            return await in_own_task(
+                self._on(lambda stub: stub.keep_alive(request, timeout=timeout))
+            )
 
 
 def _check_timeout(timeout_sec: float | None) -> None:

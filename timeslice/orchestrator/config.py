@@ -18,6 +18,17 @@ from timeslice.orchestrator.journal import DEFAULT_RETENTION
 from timeslice.orchestrator.leadership import DEFAULT_LEADER_LEASE, check_lease
 from timeslice.orchestrator.model import GroupPolicy, HoldLimit, TableLimits
 from timeslice.orchestrator.state import LockTable
+from timeslice.targets import MAX_ACTIVE_TEXT, parse_targets
+
+
+def check_advertised(address: str) -> None:
+    """`address` must be one TCP target (HOST:PORT) short enough to hand to clients."""
+    if len(address) > MAX_ACTIVE_TEXT:
+        raise InvalidArgumentError(f"advertise: longer than {MAX_ACTIVE_TEXT} characters")
+    targets = parse_targets(address)
+    if len(targets) != 1 or targets[0].path is not None:
+        raise InvalidArgumentError(f"advertise {address!r}: expected one HOST:PORT")
+
 
 MiB = 1024 * 1024
 
@@ -109,6 +120,11 @@ class OrchestratorConfig:
     # every third of it), the others wait as standbys and take over once it expires
     # (`timeslice.orchestrator.leadership`). Ignored on SQLite and in memory.
     leader_lease: float = DEFAULT_LEADER_LEASE
+    # HOST:PORT clients reach this orchestrator at (`--advertise`): written into the
+    # leader lease's row when it takes over, so that a standby names it in the
+    # UNAVAILABLE it answers (`timeslice.targets.ACTIVE_KEY`). None: the address it
+    # listens on, unless that is a wildcard (0.0.0.0, ::), which names nobody.
+    advertise: str | None = None
 
     def table_limits(self) -> TableLimits:
         """What the lock table admits."""
@@ -122,6 +138,8 @@ class OrchestratorConfig:
             raise InvalidArgumentError(f"port {self.port} is out of range")
         check_metrics_port(self.metrics_port, self.metrics_host)
         check_lease(self.leader_lease)
+        if self.advertise is not None:
+            check_advertised(self.advertise)
         check_exposure(
             "the orchestrator",
             self.host,

@@ -241,7 +241,9 @@ class SqlJournal(Journal):
     `leader_lease` (seconds; PostgreSQL only, ignored on SQLite): `open` waits as a
     standby while another orchestrator holds the journal's leader lease (telling
     `on_standby` the row, once), takes the lease over when it expires, renews it,
-    and fences every write by its epoch. A lost lease is a lost claim.
+    and fences every write by its epoch. A lost lease is a lost claim. `advertise`
+    says, at takeover, the address written into the lease row (where clients reach
+    this orchestrator; `leader_row` is how a standby reads the active's).
     """
 
     def __init__(
@@ -255,6 +257,7 @@ class SqlJournal(Journal):
         claim_check_every: float = 5.0,
         leader_lease: float | None = None,
         on_standby: Callable[[LeaseRow | None], None] | None = None,
+        advertise: Callable[[], str] | None = None,
     ) -> None:
         self.url = make_url(normalize_url(url))
         self._sqlite = self.url.get_backend_name() == "sqlite"
@@ -272,6 +275,7 @@ class SqlJournal(Journal):
         self._append_lock = asyncio.Lock()
         self._writer: Any = None  # SQLite: the DB-API connection appends go through
         self._leader_lease, self._on_standby = leader_lease, on_standby
+        self._advertise = advertise
         self._lease: LeaderLease | None = None
 
     async def open(self) -> None:
@@ -334,6 +338,8 @@ class SqlJournal(Journal):
         self._lease = LeaderLease(
             engine, me=candidate_name(), lease=lease, label=self.label, lost=self._lose
         )
+        if self._advertise is not None:
+            self._lease.address = self._advertise()
         told = False
         while (await self._lease.take_over()).role is Role.STANDBY:
             if not told and self._on_standby is not None:
@@ -557,6 +563,7 @@ def open_journal(
     on_claim_lost: Callable[[JournalClaimLostError], None] | None = None,
     leader_lease: float | None = None,
     on_standby: Callable[[LeaseRow | None], None] | None = None,
+    advertise: Callable[[], str] | None = None,
 ) -> Journal:
     """The journal for `url`: None or "memory" keeps it in the process; "sqlite:///PATH"
     (or a bare file path) is SQLite; "postgresql://..." is PostgreSQL."""
@@ -569,4 +576,5 @@ def open_journal(
         on_claim_lost=on_claim_lost,
         leader_lease=leader_lease,
         on_standby=on_standby,
+        advertise=advertise,
     )

@@ -1,6 +1,7 @@
 """The leader lease of a PostgreSQL journal: the I/O around `leadership`'s rule.
 
-One row in `leader_lease` (epoch, holder, expires_at), on the database's clock:
+One row in `leader_lease` (epoch, holder, expires_at on the database's clock, and
+the address the holder advertised at takeover, which standbys hand to clients):
 the active renews it with `UPDATE ... WHERE epoch = :mine AND holder = :me`, a
 standby takes it over with one conditional UPDATE that raises the epoch only if
 the lease has expired. Every append and snapshot of the journal locks the row
@@ -27,6 +28,9 @@ from timeslice.orchestrator.leadership import LeaseRow, Role, Standing
 
 log = logging.getLogger(__name__)
 
+#: The longest address a lease row keeps (a target: see `timeslice.targets`).
+MAX_ADDRESS = 300
+
 _metadata = sa.MetaData()
 
 lease_table = sa.Table(
@@ -36,12 +40,18 @@ lease_table = sa.Table(
     sa.Column("epoch", sa.BigInteger, nullable=False),
     sa.Column("holder", sa.String(200), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("address", sa.String(MAX_ADDRESS), nullable=False, server_default=""),
     sa.CheckConstraint("id = 1", name="leader_lease_one_row"),
 )
 
 _ROW = (
     "epoch, holder, extract(epoch FROM expires_at)::float8 AS expires_at,"
-    " extract(epoch FROM now())::float8 AS now"
+    " extract(epoch FROM now())::float8 AS now, address"
+)
+# The column came after the table: a table made before it gets it here.
+_ADD_ADDRESS = sa.text(
+    f"ALTER TABLE leader_lease ADD COLUMN IF NOT EXISTS address varchar({MAX_ADDRESS})"
+    " NOT NULL DEFAULT ''"
 )
 _SEED = sa.text(
     "INSERT INTO leader_lease (id, epoch, holder, expires_at)"
@@ -49,7 +59,7 @@ _SEED = sa.text(
 )
 _READ = sa.text(f"SELECT {_ROW} FROM leader_lease WHERE id = 1")
 _TAKE = sa.text(
-    "UPDATE leader_lease SET epoch = :epoch, holder = :me,"
+    "UPDATE leader_lease SET epoch = :epoch, holder = :me, address = :address,"
     " expires_at = now() + make_interval(secs => :lease)"
     f" WHERE id = 1 AND epoch = :epoch - 1 AND expires_at < now() RETURNING {_ROW}"
 )
@@ -69,13 +79,21 @@ def _row(found: Any) -> LeaseRow | None:
     if found is None:
         return None
     return LeaseRow(
-        epoch=found.epoch, holder=found.holder, expires_at=found.expires_at, now=found.now
+        epoch=found.epoch,
+        holder=found.holder,
+        expires_at=found.expires_at,
+        now=found.now,
+        address=found.address,
     )
 
 
 def create_lease_table(conn: sa.Connection) -> None:
     """Create the lease row's table if it is missing (with the journal's schema)."""
     _metadata.create_all(conn)
+    # Only when it is missing: ALTER TABLE would lock the row's table (and every
+    # fenced append of the active) even when there is nothing to add.
+    if "address" not in {c["name"] for c in sa.inspect(conn).get_columns("leader_lease")}:
+        conn.execute(_ADD_ADDRESS)
     conn.execute(_SEED)
 
 
@@ -107,6 +125,10 @@ class LeaderLease:
     ) -> None:
         self._engine, self.me, self.lease, self._label = engine, me, ld.check_lease(lease), label
         self._lost = lost
+        #: Where this candidate serves, written into the row when it takes over ("":
+        #: unknown); standbys name it to clients they refuse.
+        self.address = ""
+        self._created = False  # the table is there (made if it was not)
         self.standing: Standing = ld.STANDBY
         #: The row as last read or written (the holder and expiry a standby waits on).
         self.row: LeaseRow | None = None
@@ -127,14 +149,19 @@ class LeaderLease:
         """Take the lease if it has expired (or was never held): the standing after."""
         if self.standing.role is not Role.STANDBY:
             return self.standing
-        async with self._engine.begin() as conn:
-            await conn.run_sync(create_lease_table)
+        if not self._created:
+            async with self._engine.begin() as conn:
+                await conn.run_sync(create_lease_table)
+            self._created = True
         self._saw(await self._statement(_READ))
         epoch = ld.takeover_epoch(self.row)
         if epoch is None:
             return self.standing
+        address = self.address[:MAX_ADDRESS]
         sent = asyncio.get_running_loop().time()
-        written = await self._statement(_TAKE, epoch=epoch, me=self.me, lease=self.lease)
+        written = await self._statement(
+            _TAKE, epoch=epoch, me=self.me, lease=self.lease, address=address
+        )
         self.standing = ld.after_takeover(written, self.me, epoch)
         if written is not None:
             self._saw(written)

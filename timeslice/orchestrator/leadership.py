@@ -49,6 +49,7 @@ class LeaseRow:
     holder: str
     expires_at: float  # seconds, on the database's clock
     now: float  # the database's clock when the row was read
+    address: str = ""  # where the holder serves, as it advertised at takeover ("": unknown)
 
 
 class Role(enum.Enum):

@@ -53,6 +53,7 @@ from timeslice.orchestrator.state import LockTable
 from timeslice.orchestrator.watches import Notice as Notice  # for watchers to import here
 from timeslice.orchestrator.watches import Render, WatchHub
 from timeslice.orchestrator.watches import Watch as Watch  # for watchers to import here
+from timeslice.targets import active_from_metadata, is_wildcard
 
 if TYPE_CHECKING:  # imported when metrics are on: prometheus-client is slow to load
     from timeslice.metrics.http import MetricsServer
@@ -160,6 +161,7 @@ class Orchestrator:
                 on_claim_lost=self._claim_lost,
                 leader_lease=self.config.leader_lease,
                 on_standby=self._waiting_as_standby,
+                advertise=self.advertised,
             )
             if isinstance(self._journal, SqlJournal) and self._journal.shared:
                 self._standby = True
@@ -192,6 +194,28 @@ class Orchestrator:
             self._address,
             holder,
         )
+
+    def advertised(self) -> str:
+        """Where clients reach this orchestrator ("": unknown): `advertise`, or the
+        address it listens on unless that is a wildcard."""
+        if self.config.advertise is not None:
+            return self.config.advertise
+        if self._address is None or is_wildcard(self.config.host):
+            return ""
+        return self._address
+
+    def active_address(self) -> str | None:
+        """A standby's view of where the active serves (the lease row as it last read
+        it), for the clients it refuses; None when it is not a standby or does not know."""
+        lease = self._journal.lease if isinstance(self._journal, SqlJournal) else None
+        if not self._standby or lease is None:
+            return None
+        row = lease.row
+        if row is None or not row.address or row.address == self.advertised():
+            return None
+        if row.expires_at < row.now:
+            return None  # its holder stopped renewing: this one takes over next
+        return row.address if active_from_metadata([row.address]) is not None else None
 
     def refusal(self) -> str | None:
         """Why calls are refused now, if they are: a standby refuses them all, and so

@@ -49,6 +49,7 @@ from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.config import OrchestratorConfig
 from timeslice.orchestrator.events import Effect
 from timeslice.orchestrator.leadership import Leadership
+from timeslice.orchestrator.leadership import Role as LeaseRole
 from timeslice.orchestrator.membership import Membership
 from timeslice.orchestrator.model import Group, GroupState
 from timeslice.orchestrator.state import LockTable
@@ -56,6 +57,7 @@ from timeslice.orchestrator.watches import Notice, Render, Watch
 from timeslice.security.callers import Caller, authorize, operator_fields, refusal_fields
 from timeslice.security.principals import Role, Verb
 from timeslice.versions import package_version
+from timeslice.targets import ACTIVE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,10 @@ class OrchestratorApi(Protocol):
     def refusal(self) -> str | None: ...
 
     def leadership(self) -> Leadership: ...
+
+    def active_address(self) -> str | None: ...
+
+    def advertised(self) -> str: ...
 
     async def acquire_groups(
         self,
@@ -390,6 +396,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             lease_ms=round(lead.lease * 1000),
             lease_left_ms=round(lead.left * 1000),
             holder=lead.holder,
+            active_address=(
+                self.orch.advertised()
+                if lead.role is LeaseRole.ACTIVE
+                else self.orch.active_address() or ""
+            ),
             table_epoch=self.orch.epoch,
             version=package_version(),
         )
@@ -499,7 +510,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
 
         async def admitted(stream: Any) -> None:
             if (why := self.orch.refusal()) is not None:
-                raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
+                if (active := self.orch.active_address()) is None:
+                    raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
+                # A standby that knows the active names it, for clients to go there.
+                await stream.send_trailing_metadata(
+                    status=grpclib.const.Status.UNAVAILABLE,
+                    status_message=f"{why} (the active is at {active})",
+                    metadata={ACTIVE_KEY: active},
+                )
+                return
             await handle(stream)
 
         return admitted

@@ -1,0 +1,136 @@
+"""A client whose orchestrator stops answering while its TCP connection stays open
+(a frozen process, a partition: here a proxy that stops forwarding) gives up on it
+within its ping interval plus its ping timeout, and reaches its other candidate;
+over TLS too (whose polite close would wait for the frozen peer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.certs import Certs
+from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
+from timeslice.orchestrator.server import Orchestrator
+from timeslice.security.tls import ServerTls
+
+pytestmark = pytest.mark.timeout(30)
+
+PING_EVERY, PING_TIMEOUT = 0.2, 0.4
+
+
+class FreezingProxy:
+    """Forwards TCP to `upstream` until `freeze()`; then forwards nothing more in
+    either direction, but keeps every connection open."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host, int(port))
+        self._frozen = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.address = "127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+
+    def freeze(self) -> None:
+        self._frozen.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers += [writer, up_writer]
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(self._pump(source, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while not self._frozen.is_set():
+            data = await source.read(65536)
+            if not data or self._frozen.is_set():
+                break
+            sink.write(data)
+        await asyncio.Event().wait()  # frozen or ended: hold the connection open
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in self._writers:
+            writer.transport.abort()
+
+
+@pytest.fixture(params=["plain", "tls"])
+async def two(
+    request: pytest.FixtureRequest, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Orchestrator, Orchestrator, FreezingProxy]]:
+    tls = None
+    if request.param == "tls":
+        tls = ServerTls(cert=certs.server.cert, key=certs.server.key)
+        monkeypatch.setenv("TIMESLICE_TLS_CA", certs.ca)  # the clients' CA
+    async with Orchestrator(tls=tls) as first, Orchestrator(tls=tls) as second:
+        proxy = FreezingProxy(first.address)
+        await proxy.start()
+        try:
+            yield first, second, proxy
+        finally:
+            await proxy.close()
+
+
+async def test_a_client_leaves_a_frozen_orchestrator_within_its_ping_timeout(
+    two: tuple[Orchestrator, Orchestrator, FreezingProxy],
+) -> None:
+    first, second, proxy = two
+    await first.acquire("g", "x")  # the group is taken there: y waits
+    client = AsyncTimeSliceOrchestratorClient(
+        f"{proxy.address},{second.address}",
+        "y",
+        "g",
+        lease_ttl_sec=None,
+        ping_every_sec=PING_EVERY,
+        ping_timeout_sec=PING_TIMEOUT,
+    )
+    try:
+        waiting = asyncio.ensure_future(client.acquire(timeout_sec=15))
+        await asyncio.sleep(0.3)
+        assert list(first.table.groups["g"].queue) == ["y"]
+        frozen = time.monotonic()
+        proxy.freeze()
+        granted = await asyncio.wait_for(waiting, 10)
+        took = time.monotonic() - frozen
+        assert second.table.groups["g"].holder is not None
+        assert second.table.groups["g"].holder.job == "y"
+        assert granted.fencing_token == second.table.groups["g"].holder.token
+        # Within one ping interval, the ping's timeout and a retry's pause.
+        assert took < PING_EVERY + PING_TIMEOUT + 0.5, took
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+async def test_pings_can_be_turned_off(
+    two: tuple[Orchestrator, Orchestrator, FreezingProxy],
+) -> None:
+    first, second, proxy = two
+    await first.acquire("g", "x")
+    client = AsyncTimeSliceOrchestratorClient(
+        f"{proxy.address},{second.address}", "y", "g", lease_ttl_sec=None, ping_every_sec=None
+    )
+    try:
+        waiting = asyncio.ensure_future(client.acquire(timeout_sec=15))
+        await asyncio.sleep(0.3)
+        proxy.freeze()
+        await asyncio.sleep(PING_EVERY + PING_TIMEOUT + 0.5)
+        assert not waiting.done()  # nothing notices: the connection looks open
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    finally:
+        await client.close()

@@ -52,10 +52,9 @@ class Proxy:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        self.heal()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.heal()  # every connection closed: each one's task ends by itself
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()

@@ -94,3 +94,56 @@ async def test_a_closed_active_lets_a_standby_take_over_at_once(empty_database: 
     finally:
         await first.close()
         await second.close()
+
+
+async def test_candidates_started_together_on_an_empty_database_elect_one(
+    empty_database: str,
+) -> None:
+    """Three candidates create the lease table at once: one of them becomes active,
+    none fails (PostgreSQL's CREATE TABLE IF NOT EXISTS races with itself)."""
+    journals = [SqlJournal(empty_database, leader_lease=LEASE) for _ in range(3)]
+    opening = [asyncio.ensure_future(j.open()) for j in journals]
+    try:
+        done, _ = await asyncio.wait(opening, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        [first] = done
+        first.result()
+        await asyncio.sleep(LEASE)
+        assert sum(o.done() for o in opening) == 1  # the others wait as standbys
+        assert [j.epoch for j in journals if j.epoch] == [1]
+    finally:
+        for o in opening:
+            o.cancel()
+        await asyncio.gather(*opening, return_exceptions=True)
+        for j in journals:
+            await j.close()
+
+
+async def test_an_active_cut_off_from_the_database_steps_down_within_its_lease(
+    empty_database: str,
+) -> None:
+    """A partition (a proxy that stops passing bytes, its connections left open):
+    the active's renewal gets no answer, it steps down, and its close does not hang
+    on the database it cannot reach."""
+    from tests.faults.proxy import Proxy
+
+    url = sa.engine.make_url(empty_database)
+    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+    await proxy.start()
+    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    lost: list[JournalClaimLostError] = []
+    journal = SqlJournal(through, leader_lease=LEASE, on_claim_lost=lost.append)
+    try:
+        await journal.open()
+        await journal.append([EVENT])
+        proxy.cut()
+        cut = time.monotonic()
+        while not lost:
+            assert time.monotonic() - cut < LEASE + 1, "it did not step down"
+            await asyncio.sleep(0.02)
+        assert "leader lease" in lost[0].message
+        closing = time.monotonic()
+        await journal.close()
+        assert time.monotonic() - closing < 4  # each wait on the database is bounded
+    finally:
+        await journal.close()
+        await proxy.close()

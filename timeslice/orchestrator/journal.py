@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import json
 import math
 import sqlite3
@@ -44,10 +45,12 @@ from sqlalchemy.pool import StaticPool
 from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator.events import Event, event_from_dict, event_to_dict
 from timeslice.orchestrator.journal_claim import (
+    CLOSE_TIMEOUT,
     FileClaim,
     PostgresClaim,
     candidate_name,
     holder_name,
+    within,
 )
 from timeslice.orchestrator.journal_lease import LeaderLease, fence
 from timeslice.orchestrator.leadership import LeaseRow, Role
@@ -382,7 +385,8 @@ class SqlJournal(Journal):
         if isinstance(claim, PostgresClaim):
             await claim.release()
         if isinstance(engine, AsyncEngine):
-            await engine.dispose()
+            with contextlib.suppress(TimeoutError):  # a database cut off: drop the pool
+                await within(engine.dispose(), CLOSE_TIMEOUT)
         elif engine is not None:
             if writer is not None:
                 await self._in_thread(writer.close)

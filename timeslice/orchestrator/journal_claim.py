@@ -17,9 +17,9 @@ import secrets
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -36,6 +36,33 @@ def candidate_name() -> str:
     """This process's name in a leader lease: its pid and host, and a random part,
     as two orchestrators in one process are two candidates."""
     return f"{holder_name()[:54]}/{secrets.token_hex(4)}"
+
+
+#: The longest a closing writer waits on the database (which may be cut off).
+CLOSE_TIMEOUT = 1.0
+
+_T = TypeVar("_T")
+
+
+async def within(work: Awaitable[_T], seconds: float) -> _T:
+    """`work`'s result if it comes within `seconds`; else TimeoutError at once.
+
+    Unlike `asyncio.wait_for`, this does not wait for the cancelled work to end: a
+    statement on a connection to a database cut off (the connection open, nothing
+    answering) may take as long to cancel as it would have taken to answer. It is
+    cancelled and left to end whenever it does."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieved)
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    return task.result()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # nobody waits for it any more
 
 
 def _in_use(label: str, holder: str) -> str:
@@ -181,7 +208,7 @@ class PostgresClaim:
         while not self._over:
             await asyncio.sleep(self._every)
             try:
-                result = await asyncio.wait_for(self._conn.execute(_STILL_HELD, keys), self._every)
+                result = await within(self._conn.execute(_STILL_HELD, keys), self._every)
                 held = bool(result.scalar())
             except Exception as exc:  # a dead or unresponsive connection
                 self._lose(
@@ -197,10 +224,12 @@ class PostgresClaim:
         await asyncio.gather(self._task, return_exceptions=True)
         self._driver.remove_termination_listener(self._listener)
         keys = dict(zip("ab", _CLAIM_KEYS, strict=True))
+        unlock = self._conn.execute(sa.text("SELECT pg_advisory_unlock(:a, :b)"), keys)
+        # Each bounded: the database may be cut off. The lock goes with the session.
         with contextlib.suppress(Exception):  # a connection gone took the lock with it
-            await self._conn.execute(sa.text("SELECT pg_advisory_unlock(:a, :b)"), keys)
+            await within(unlock, CLOSE_TIMEOUT)
         with contextlib.suppress(Exception):
-            await self._conn.close()
+            await within(self._conn.close(), CLOSE_TIMEOUT)
 
 
 def _describe_pg_holder(row: Any) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator import leadership as ld
+from timeslice.orchestrator.journal_claim import CLOSE_TIMEOUT, within
 from timeslice.orchestrator.leadership import LeaseRow, Role, Standing
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,17 @@ _FENCE = sa.text(
     "SELECT epoch FROM leader_lease WHERE id = 1 AND epoch = :epoch AND holder = :me FOR SHARE"
 )
 _RELEASE = sa.text(
-    "UPDATE leader_lease SET expires_at = '-infinity' WHERE id = 1 AND epoch = :epoch AND holder = :me"
+    "UPDATE leader_lease SET expires_at = '-infinity'"
+    f" WHERE id = 1 AND epoch = :epoch AND holder = :me RETURNING {_ROW}"
 )
+
+
+#: The advisory lock candidates take, in turn, to create the lease table.
+SCHEMA_KEYS = (
+    zlib.crc32(b"timeslice") & 0x7FFFFFFF,
+    zlib.crc32(b"timeslice.journal.schema") & 0x7FFFFFFF,
+)
+_SCHEMA_LOCK = sa.text("SELECT pg_advisory_xact_lock(:a, :b)")
 
 
 def _row(found: Any) -> LeaseRow | None:
@@ -88,7 +99,11 @@ def _row(found: Any) -> LeaseRow | None:
 
 
 def create_lease_table(conn: sa.Connection) -> None:
-    """Create the lease row's table if it is missing (with the journal's schema)."""
+    """Create the lease row's table if it is missing (with the journal's schema).
+    Candidates started together on an empty database each try: a transaction lock
+    makes them take turns, since PostgreSQL's CREATE TABLE IF NOT EXISTS is not
+    safe against a concurrent one."""
+    conn.execute(_SCHEMA_LOCK, dict(zip("ab", SCHEMA_KEYS, strict=True)))
     _metadata.create_all(conn)
     # Only when it is missing: ALTER TABLE would lock the row's table (and every
     # fenced append of the active) even when there is nothing to add.
@@ -227,19 +242,18 @@ class LeaderLease:
             why = ""
             sent = asyncio.get_running_loop().time()
             try:
-                row = await asyncio.wait_for(
+                row = await within(
                     self._statement(_RENEW, epoch=self.epoch, me=self.me, lease=self.lease), every
                 )
             except Exception as exc:  # a dead, slow or unreachable database
                 why = " ".join(str(exc).split()) or type(exc).__name__
-            self.standing = ld.after_renewal(self.standing, row, self.me)
+            after = ld.after_renewal(self.standing, row, self.me)
             if row is not None:
                 self._saw(row)
-            if self.standing.role is Role.ACTIVE:
+            if after.role is Role.ACTIVE:
                 self._held_until = ld.held_until(sent, self.lease)
-            if self.standing.role is Role.STEPPED_DOWN:
-                detail = f"{self.standing.why}: {why}" if why else self.standing.why
-                self.step_down(detail)
+            elif self.standing.role is Role.ACTIVE:  # deposed by this renewal: say so
+                self.step_down(f"{after.why}: {why}" if why else after.why)
 
     def step_down(self, why: str) -> None:
         """Stop being active (a renewal or an append failed): for good."""
@@ -262,6 +276,5 @@ class LeaderLease:
             await asyncio.gather(task, return_exceptions=True)
         if self.standing.role is Role.ACTIVE:
             self.standing = ld.step_down(self.standing, "closed")
-            with contextlib.suppress(Exception):
-                async with self._engine.begin() as conn:
-                    await conn.execute(_RELEASE, {"epoch": self.epoch, "me": self.me})
+            with contextlib.suppress(Exception):  # a database away lets it expire
+                await within(self._statement(_RELEASE, epoch=self.epoch, me=self.me), CLOSE_TIMEOUT)

@@ -5,9 +5,13 @@ issued it: taken, a token from the future would make every real command of
 the group stale. Asking the orchestrator costs a round trip in every switch,
 so the orchestrator proves its own tokens instead: the agent sends a secret key
 of its session over its own connection to the orchestrator (`AgentReport`),
-and the orchestrator's `SwitchGroup` carries an HMAC of the group and token
-under that key. A token without a valid proof (a direct Snapshot, a switch
-sent before the key was heard) is checked by asking.
+and the orchestrator's `SwitchGroup` carries an HMAC of the group, the token
+and the orchestrator's epoch under that key. A token without a valid proof (a
+direct Snapshot, a switch sent before the key was heard) is checked by asking.
+
+The epoch is proven for the same reason: an agent refuses commands of an epoch
+lower than the highest it has seen (a deposed orchestrator's), so one epoch
+from the future, taken unproven, would make every real command stale.
 
 Standard library only.
 """
@@ -27,11 +31,15 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-def token_proof(key: bytes, group: str, token: int) -> bytes:
-    """The proof, under `key`, that `token` of `group` is the orchestrator's."""
-    return hmac.new(key, f"{group}\x00{token}".encode(), hashlib.sha256).digest()
+def token_proof(key: bytes, group: str, token: int, *, epoch: int) -> bytes:
+    """The proof, under `key`, that `token` of `group` and orchestrator `epoch` are
+    the orchestrator's."""
+    message = f"{group}\x00{token}\x00{epoch}".encode()
+    return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def proves(key: bytes, group: str, token: int, proof: bytes) -> bool:
-    """Whether `proof` is the one `token_proof(key, group, token)` makes."""
-    return bool(key and proof) and hmac.compare_digest(proof, token_proof(key, group, token))
+def proves(key: bytes, group: str, token: int, proof: bytes, *, epoch: int) -> bool:
+    """Whether `proof` is the one `token_proof(key, group, token, epoch=epoch)` makes."""
+    if not (key and proof):
+        return False
+    return hmac.compare_digest(proof, token_proof(key, group, token, epoch=epoch))

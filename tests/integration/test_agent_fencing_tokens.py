@@ -101,7 +101,7 @@ async def test_the_orchestrators_switches_prove_their_tokens_and_are_not_asked_a
         assert agent.table.tokens["g"] == 6  # every switch's token was taken...
         assert agent._link is not None and agent._link._client is None  # ...unasked
         # A proof made with another key proves nothing: the token is checked by asking.
-        forged = token_proof(new_key(), "g", 99)
+        forged = token_proof(new_key(), "g", 99, epoch=orch.table.epoch)
         with pytest.raises(ConflictError, match="never issued"):
             await client.switch_group("g", "a", 99, timeout_sec=5, token_proof=forged)
         assert agent.table.tokens["g"] == 6

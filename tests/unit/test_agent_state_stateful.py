@@ -2,7 +2,8 @@
 
 Every step is checked against the transition table in `timeslice.agent.state`'s
 docstring: a job moves only along a listed transition, for the event that lists
-it. Across steps, a job's fencing tokens only grow, an operation never goes back
+it. Across steps, a job's fencing tokens only grow, so does the orchestrator
+epoch (a command of a lower one is refused), an operation never goes back
 to PENDING, and a saved context comes back only by a restore or by someone (the
 workload, its backend) saying so.
 """
@@ -49,6 +50,7 @@ from timeslice.agent.state import (
     StartOperations,
     SwitchEnded,
     SwitchStage,
+    TakeEpoch,
     Tick,
 )
 from timeslice.errors import (
@@ -77,6 +79,8 @@ claims = st.lists(st.sampled_from(CLAIMS), max_size=2).map(tuple)
 picks = st.one_of(st.integers(0, 100), st.integers(0, 100), st.none())
 timeouts = st.sampled_from([1.0, 5.0, 20.0, 20.0, 0.0, -1.0])
 token_kinds = st.sampled_from(["none", "none", "current", "newer", "stale"])
+# orchestrator epochs: 0 is no orchestrator's (not fenced)
+epochs = st.integers(0, 4)
 Key = tuple[str, str]
 # What a request with an empty group names when several groups know its job id.
 AMBIGUOUS = "ambiguous"
@@ -92,6 +96,11 @@ class JobTableMachine(RuleBasedStateMachine):
         self.tokens: dict[str, int] = {}  # the newest token accepted, per group
         # jobs whose context was last seen saved, and not brought back since
         self.saved: set[Key] = set()
+        self.orchestrator_epoch = 0  # the highest taken
+
+    def deposed(self, epoch: int) -> bool:
+        """Whether a command of orchestrator `epoch` comes from a deposed one."""
+        return 0 < epoch < self.orchestrator_epoch
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -338,17 +347,27 @@ class JobTableMachine(RuleBasedStateMachine):
         pick=picks,
         answer=st.sampled_from([R, S, None]),
         ask=st.booleans(),
+        epoch=epochs,
     )
     def reset(
-        self, group: str, job: str, pick: int | None, answer: JobState | None, ask: bool
+        self,
+        group: str,
+        job: str,
+        pick: int | None,
+        answer: JobState | None,
+        ask: bool,
+        epoch: int,
     ) -> None:
-        """An operator resets the job; its backend answers (or something else
-        happens first, when `ask` is false)."""
+        """An operator resets the job (through the orchestrator of `epoch`); its
+        backend answers (or something else happens first, when `ask` is false)."""
         group, job = self.choose(group, job, pick)
         named = self.named(group, job)
         found = named if isinstance(named, Job) else None
         was = found.state if found else None
-        outcome = self.apply(Reset(now=self.now, group=group, job=job))
+        outcome = self.apply(Reset(now=self.now, group=group, job=job, epoch=epoch))
+        if self.deposed(epoch):
+            assert isinstance(outcome, ConflictError) and "taken over" in outcome.message
+            return
         if named == AMBIGUOUS:
             assert isinstance(outcome, ConflictError), outcome
             return
@@ -418,6 +437,7 @@ class JobTableMachine(RuleBasedStateMachine):
         named=st.lists(jobs, max_size=3, unique=True),
         registered=st.lists(jobs, max_size=3, unique=True),
         token=st.integers(0, 6),
+        epoch=epochs,
     )
     def plan_switch(
         self,
@@ -427,14 +447,20 @@ class JobTableMachine(RuleBasedStateMachine):
         named: list[str],
         registered: list[str],
         token: int,
+        epoch: int,
     ) -> None:
         """Each stage of a switch plan is a question: it changes nothing, and its
-        answer follows from where the group's contexts are."""
+        answer follows from where the group's contexts are; every stage of a
+        deposed orchestrator's switch is refused."""
         before = self.table.to_dict()
         event = PlanSwitch(now=self.now, group=group, job=job, token=token, stage=stage,
-                           jobs=tuple(named), registered=tuple(registered))  # fmt: skip
+                           jobs=tuple(named), registered=tuple(registered),
+                           epoch=epoch)  # fmt: skip
         outcome = self.apply(event)
         assert self.table.to_dict() == before
+        if self.deposed(epoch):
+            assert isinstance(outcome, ConflictError) and "taken over" in outcome.message
+            return
         if stage is SwitchStage.SETTLE and token < self.table.tokens.get(group, 0):
             assert isinstance(outcome, LeaseLostError), outcome
             return
@@ -464,6 +490,21 @@ class JobTableMachine(RuleBasedStateMachine):
                     assert target is not None and target.state is R
                     op = self.table.operations[target.operation]
                     assert (op.kind, op.token, op.status) == (RESTORE, token, OpStatus.COMPLETE)
+
+    @rule(epoch=epochs)
+    def take_epoch(self, epoch: int) -> None:
+        """A command of orchestrator `epoch` arrives: a lower epoch than the highest
+        taken is refused, a higher one taken."""
+        outcome = self.apply(TakeEpoch(now=self.now, epoch=epoch))
+        if self.deposed(epoch):
+            assert isinstance(outcome, ConflictError), outcome
+            assert outcome.message == (
+                f"a command of orchestrator epoch {epoch}, but epoch"
+                f" {self.orchestrator_epoch} has taken over: refused"
+            )
+            return
+        assert outcome == [], outcome
+        self.orchestrator_epoch = max(self.orchestrator_epoch, epoch)
 
     @rule()
     def round_trip(self) -> None:
@@ -496,6 +537,10 @@ class JobTableMachine(RuleBasedStateMachine):
         for group, newest in self.tokens.items():
             assert self.table.tokens.get(group, 0) == newest
         assert set(self.table.tokens) <= set(self.tokens)
+
+    @invariant()
+    def the_orchestrator_epoch_only_grows(self) -> None:
+        assert self.table.orchestrator_epoch == self.orchestrator_epoch
 
     @invariant()
     def finished_operations_stay_finished(self) -> None:

@@ -108,11 +108,24 @@ class Forget:
 
 @dataclass(frozen=True, kw_only=True)
 class Reset:
-    """An operator clears the job's fault."""
+    """An operator clears the job's fault (through the orchestrator of `epoch`, when
+    not 0: refused if a newer one has been seen)."""
 
     now: float
     group: str
     job: str
+    epoch: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeEpoch:
+    """A command of orchestrator epoch `epoch` arrived, its epoch proven (or vouched
+    for by the orchestrator): the table keeps the highest epoch seen, so that an
+    orchestrator of a lower one (deposed, or frozen and woken) is refused. Taken
+    before the command acts, so that the epoch is saved first."""
+
+    now: float
+    epoch: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,10 +164,11 @@ class SwitchStage(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSwitch:
-    """What stage `stage` of a switch of `group` to `job` (fencing `token`) does:
-    `jobs` are the group's jobs the orchestrator names, `registered` those of
-    them with a backend registered (their contexts are live from their start,
-    known here or not). A question: it changes nothing."""
+    """What stage `stage` of a switch of `group` to `job` (fencing `token`, sent by
+    the orchestrator of `epoch`; 0: by no orchestrator) does: `jobs` are the
+    group's jobs the orchestrator names, `registered` those of them with a
+    backend registered (their contexts are live from their start, known here or
+    not). A question: it changes nothing (its epoch is taken by `TakeEpoch`)."""
 
     changes_table: ClassVar[bool] = False
 
@@ -165,9 +179,22 @@ class PlanSwitch:
     stage: SwitchStage
     jobs: tuple[str, ...] = ()
     registered: tuple[str, ...] = ()
+    epoch: int = 0
 
 
-Event = Register | Start | Finish | Lost | Forget | Reset | Reconciled | Recover | Tick | PlanSwitch
+Event = (
+    Register
+    | Start
+    | Finish
+    | Lost
+    | Forget
+    | Reset
+    | TakeEpoch
+    | Reconciled
+    | Recover
+    | Tick
+    | PlanSwitch
+)
 
 # --- effects --------------------------------------------------------------------------
 

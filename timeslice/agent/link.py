@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Protocol
 
 from grpclib.client import Channel
@@ -38,6 +39,15 @@ from timeslice.fencing import new_key
 from timeslice.kinds import Liveness
 from timeslice.security.tls import ClientTls
 from timeslice.targets import parse_targets
+
+
+@dataclass(frozen=True, kw_only=True)
+class Issued:
+    """What the orchestrator says it has issued for a group: its newest fencing
+    token, and the epoch it serves in."""
+
+    token: int
+    epoch: int
 
 
 class Reporting(Protocol):
@@ -64,8 +74,8 @@ log = logging.getLogger(__name__)
 AGENT_SESSION = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession"
 # A session that lasted this long was healthy: the next reconnect starts fast again.
 HEALTHY_SESSION_SEC = 5.0
-# How long a command with a fencing token new to this agent waits for the
-# orchestrator to say whether it issued that token.
+# How long a command with a fencing token (or orchestrator epoch) new to this
+# agent waits for the orchestrator to say whether it issued that token.
 TOKEN_CHECK_TIMEOUT_SEC = 5.0
 # How long a closing agent waits for the orchestrator to take the end of its
 # session (so that it is told the agent left, not that it was lost).
@@ -99,8 +109,9 @@ class OrchestratorLink:
         #: This process's session key: the orchestrator proves its tokens with it.
         self.token_key = new_key()
 
-    async def issued_token(self, group: str) -> int:
-        """The newest fencing token the orchestrator has issued for `group` (0: none)."""
+    async def issued(self, group: str) -> Issued:
+        """The newest fencing token the orchestrator has issued for `group`, and its
+        epoch (both 0: it does not know the group)."""
         if self._client is None:
             self._client = AsyncTimeSliceOrchestratorClient(
                 self.target,
@@ -116,8 +127,8 @@ class OrchestratorLink:
                 group, timeout_sec=TOKEN_CHECK_TIMEOUT_SEC, lock_only=True
             )
         except NotFoundError:
-            return 0
-        return status.group.fencing_token
+            return Issued(token=0, epoch=0)
+        return Issued(token=status.group.fencing_token, epoch=status.group.epoch)
 
     def start(self) -> None:
         self._closing.clear()

@@ -27,7 +27,7 @@ from timeslice.agent.local_socket import BoundSocket, bind_unix, remove_socket
 from timeslice.agent.service import AgentService, HealthService
 from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.agent.store import StateStore
-from timeslice.api.bounds import MAX_FENCING_TOKEN
+from timeslice.api.bounds import MAX_FENCING_TOKEN, MAX_ORCHESTRATOR_EPOCH
 from timeslice.api.connections import connection_limits
 from timeslice.security.callers import Authenticator
 from timeslice.api.serving import CallGate, GrpcServer
@@ -329,33 +329,59 @@ class Agent:
             return Liveness.UNKNOWN
         return Liveness.ALIVE if any(pid_exists(pid) for pid in pids) else Liveness.GONE
 
-    async def check_token(self, group: str, token: int, proof: bytes = b"") -> None:
-        """Refuse a fencing token that the orchestrator never issued for `group`.
+    async def check_token(
+        self, group: str, token: int, proof: bytes = b"", *, epoch: int = 0
+    ) -> None:
+        """Refuse a fencing token that the orchestrator never issued for `group`,
+        and a command of an orchestrator `epoch` lower than the highest seen;
+        take (and save) an epoch higher than any seen before returning.
 
         Taken, a token from the future would make every real command for the
-        group stale, for good (the newest token seen is saved). So a token
-        newer than any seen for the group is taken only with the orchestrator's
-        `proof` (`timeslice.fencing`: what its switches carry), or once the
-        orchestrator, asked, says it issued one at least as new. An agent
-        without an orchestrator has nobody to ask, and takes tokens as sent (it
-        listens on loopback unless told otherwise).
+        group stale, for good (the newest token seen is saved); an epoch from
+        the future, every command of the real orchestrator. So a token newer
+        than any seen for the group, or an epoch newer than any seen, is taken
+        only with the orchestrator's `proof` (`timeslice.fencing`: what its
+        switches carry, of the group, token and epoch), or once the
+        orchestrator, asked, says it issued a token and reached an epoch at
+        least as new. An agent without an orchestrator has nobody to ask, and
+        takes them as sent (it listens on loopback unless told otherwise).
         """
         if token > MAX_FENCING_TOKEN:
             raise InvalidArgumentError(f"fencing token {token} is out of range")
-        if not token or self._link is None or token <= self.table.tokens.get(group, 0):
+        if epoch > MAX_ORCHESTRATOR_EPOCH:
+            raise InvalidArgumentError(f"orchestrator epoch {epoch} is out of range")
+        self.table.check_epoch(epoch)  # a deposed orchestrator's: refused before asking
+        new_epoch = epoch > self.table.orchestrator_epoch
+        if self._link is not None and (new_epoch or self._new_token(group, token)):
+            await self._vouch(group, token, proof, epoch)
+        if new_epoch:
+            await self.engine.apply(st.TakeEpoch(now=time.time(), epoch=epoch))
+
+    def _new_token(self, group: str, token: int) -> bool:
+        """Whether `token` is newer than any seen or vouched for in `group`."""
+        known = max(self.table.tokens.get(group, 0), self._issued_tokens.get(group, 0))
+        return token > known
+
+    async def _vouch(self, group: str, token: int, proof: bytes, epoch: int) -> None:
+        """Refuse `token` of `group` and orchestrator `epoch` unless they are proven
+        or the orchestrator says it has issued and reached them."""
+        assert self._link is not None
+        if proves(self._link.token_key, group, token, proof, epoch=epoch):
+            if token:  # the orchestrator has issued it, then
+                self._issued_tokens[group] = max(token, self._issued_tokens.get(group, 0))
             return
-        if token <= self._issued_tokens.get(group, 0):
-            return
-        if proves(self._link.token_key, group, token, proof):
-            self._issued_tokens[group] = token  # the orchestrator has issued it, then
-            return
-        issued = await self._link.issued_token(group)
-        if issued:  # groups the orchestrator knows only: any caller may name others
-            self._issued_tokens[group] = max(issued, self._issued_tokens.get(group, 0))
-        if token > issued:
+        issued = await self._link.issued(group)
+        if issued.token:  # groups the orchestrator knows only: any caller may name others
+            self._issued_tokens[group] = max(issued.token, self._issued_tokens.get(group, 0))
+        if self._new_token(group, token):
             raise ConflictError(
                 f"fencing token {token} for group {group!r} was never issued: the"
-                f" orchestrator's newest is {issued}"
+                f" orchestrator's newest is {issued.token}"
+            )
+        if epoch > issued.epoch:
+            raise ConflictError(
+                f"orchestrator epoch {epoch} was never reached: the orchestrator's"
+                f" is {issued.epoch}"
             )
 
     async def start_operation(
@@ -402,9 +428,11 @@ class Agent:
         await self.engine.apply(event)
         return self.table.job(group, job).operation
 
-    async def reset(self, group: str, job: str, wait: float = 5.0) -> JobState:
-        """Clear a job's fault; return its state once its backend has told it."""
-        await self.engine.apply(st.Reset(now=time.time(), group=group, job=job))
+    async def reset(self, group: str, job: str, wait: float = 5.0, *, epoch: int = 0) -> JobState:
+        """Clear a job's fault (for the orchestrator of `epoch`; 0: an operator's
+        call); return its state once its backend has told it."""
+        await self.check_token(group, 0, epoch=epoch)
+        await self.engine.apply(st.Reset(now=time.time(), group=group, job=job, epoch=epoch))
         found = self.table.job(group, job)
         asking = self.engine.reconciling.get(found.key)
         if asking is not None:

@@ -62,9 +62,13 @@ class AgentApi(SwitchHost, Protocol):
 
     def liveness(self, job: Job) -> Liveness: ...
 
-    async def check_token(self, group: str, token: int, proof: bytes = b"") -> None: ...
+    async def check_token(
+        self, group: str, token: int, proof: bytes = b"", *, epoch: int = 0
+    ) -> None: ...
 
-    async def reset(self, group: str, job: str, wait: float = 5.0) -> JobState: ...
+    async def reset(
+        self, group: str, job: str, wait: float = 5.0, *, epoch: int = 0
+    ) -> JobState: ...
 
     async def accelerators(self) -> list[AcceleratorMemory]: ...
 
@@ -179,7 +183,10 @@ class AgentService(pb.SnapshotAgentServiceBase):
                 raise InvalidArgumentError("snapshot_timeout_ms must not be negative")
             if job.snapshot_timeout_ms:
                 snapshot_limits[job.job_id] = job.snapshot_timeout_ms / 1000
-        await self.agent.check_token(message.group, message.fencing_token, message.token_proof)
+        epoch = message.orchestrator_epoch
+        await self.agent.check_token(
+            message.group, message.fencing_token, message.token_proof, epoch=epoch
+        )
         report = await switch_group(
             self.agent,
             message.group,
@@ -188,6 +195,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
             message.timeout_ms / 1000,
             jobs,
             snapshot_limits,
+            epoch=epoch,
         )
         return pb.SwitchGroupResponse(
             steps=[switch_step(step) for step in report.steps],
@@ -201,7 +209,9 @@ class AgentService(pb.SnapshotAgentServiceBase):
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
         authorize_call(Verb.RESET_JOB, job=message.job_id, group=message.group)
-        state = await self.agent.reset(message.group, message.job_id)
+        state = await self.agent.reset(
+            message.group, message.job_id, epoch=message.orchestrator_epoch
+        )
         return pb.ResetJobResponse(state=JOB_STATE[state])
 
     async def workload_channel(

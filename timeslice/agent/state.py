@@ -27,14 +27,19 @@ Transitions:
     any but TRANS. Forget (workload said bye)  (gone)
     TRANSITIONING  Forget                      as for Lost
     FAULTED        Reset                       IDLE            Reconcile
+    (the table)    TakeEpoch                   keeps the highest orchestrator epoch
     IDLE|RUNNING|  Reconciled(state)           state, or FAULTED when the backend
     SAVED                                                      cannot tell
     any            Recover (agent restart)     TRANSITIONING -> FAULTED; pending
                                                operations fail; Reconcile the rest
 
 Anything else raises a `TimeSliceError` and changes nothing. A fencing token per
-group only grows: a Start with an older token is refused. The resources a job
-claims (its processes, say) belong to one job only.
+group only grows: a Start with an older token is refused. So does the
+orchestrator epoch (one per start or takeover of the orchestrator's journal):
+a switch (`PlanSwitch`), a reset or a `TakeEpoch` of an epoch lower than the
+highest taken is refused, so that a deposed orchestrator moves nothing; epoch
+0 (a command of no orchestrator: an operator's) is not fenced by epoch. The
+resources a job claims (its processes, say) belong to one job only.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from copy import deepcopy
 from itertools import islice
 from typing import Any
 
+from timeslice.api.bounds import MAX_ORCHESTRATOR_EPOCH
 from timeslice.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -78,6 +84,7 @@ from timeslice.agent.events import (
     StartOperations,
     SwitchEnded,
     SwitchStage,
+    TakeEpoch,
     Tick,
 )
 from timeslice.ids import check_id
@@ -110,6 +117,7 @@ __all__ = [
     "StartOperations",
     "SwitchEnded",
     "SwitchStage",
+    "TakeEpoch",
     "Tick",
 ]
 
@@ -126,7 +134,10 @@ class JobTable:
         self._finished: dict[str, None] = {}
         self.tokens: dict[str, int] = {}
         self.next_op = 1
+        # The agent's own restarts (`Recover`).
         self.epoch = 0
+        # The highest orchestrator epoch taken: commands of a lower one are refused.
+        self.orchestrator_epoch = 0
         self.op_retention = op_retention
         self.max_operations = max_operations
         # Jobs the table knows at most: the whole table is saved after each change.
@@ -148,6 +159,8 @@ class JobTable:
                 return self._forget(event)
             case Reset():
                 return self._reset(event)
+            case TakeEpoch():
+                return self._take_epoch(event)
             case Reconciled():
                 return self._reconciled(event)
             case Recover():
@@ -326,10 +339,27 @@ class JobTable:
         del self.jobs[job.key]
         return []
 
+    def check_epoch(self, epoch: int) -> None:
+        """Refuse a command of an orchestrator epoch lower than the highest taken
+        (0, no orchestrator's, passes)."""
+        if epoch and epoch < self.orchestrator_epoch:
+            raise ConflictError(
+                f"a command of orchestrator epoch {epoch}, but epoch"
+                f" {self.orchestrator_epoch} has taken over: refused"
+            )
+
+    def _take_epoch(self, e: TakeEpoch) -> list[Effect]:
+        if not 0 <= e.epoch <= MAX_ORCHESTRATOR_EPOCH:
+            raise InvalidArgumentError(f"orchestrator epoch {e.epoch} is out of range")
+        self.check_epoch(e.epoch)
+        self.orchestrator_epoch = max(self.orchestrator_epoch, e.epoch)
+        return []
+
     def _reset(self, e: Reset) -> list[Effect]:
         check_id("job_id", e.job)
         if e.group:
             check_id("group", e.group)
+        self.check_epoch(e.epoch)
         job = self.job(e.group, e.job)
         if job.state is not JobState.FAULTED:
             raise ConflictError(f"job {e.job} is {job.state.value}, not FAULTED")
@@ -412,6 +442,8 @@ class JobTable:
         ]
 
     def _plan_switch(self, e: PlanSwitch) -> list[Effect]:
+        # Every stage: an orchestrator that took over meanwhile stops the rest.
+        self.check_epoch(e.epoch)
         members = self._members(e.group, e.jobs)
         match e.stage:
             case SwitchStage.SETTLE:
@@ -500,6 +532,7 @@ class JobTable:
             "tokens": dict(self.tokens),
             "next_op": self.next_op,
             "epoch": self.epoch,
+            "orchestrator_epoch": self.orchestrator_epoch,
         }
 
     @classmethod
@@ -518,6 +551,8 @@ class JobTable:
         table.tokens = dict(data["tokens"])
         table.next_op = data["next_op"]
         table.epoch = data["epoch"]
+        # A table saved before orchestrator epochs were kept has seen none.
+        table.orchestrator_epoch = int(data.get("orchestrator_epoch", 0))
         return table
 
 

@@ -110,12 +110,16 @@ async def switch_group(
     timeout: float,
     jobs: Mapping[str, BackendChoice | None],
     snapshot_limits: Mapping[str, float] | None = None,
+    *,
+    epoch: int = 0,
 ) -> SwitchReport:
     """Snapshot every live context of `group` but `next_job`'s, then restore
     `next_job`'s if it is saved. `jobs` are the group's jobs the orchestrator
     knows, with the backend each registered (None: none registered);
     `snapshot_limits` the seconds a job's snapshot may take at most, for jobs
-    whose snapshot must end before the switch's deadline."""
+    whose snapshot must end before the switch's deadline; `epoch` the
+    orchestrator's that sent it (the table refuses it, moving nothing, when a
+    newer orchestrator has taken over)."""
     deadline = time.time() + timeout
     named = tuple(jobs)
     registered = tuple(j for j, c in jobs.items() if c is not None and c.backend is not None)
@@ -130,6 +134,7 @@ async def switch_group(
                 stage=stage,
                 jobs=named,
                 registered=registered,
+                epoch=epoch,
             )
         )
         return step

@@ -29,6 +29,8 @@ MAX_ITEMS_BY_FIELD: Final[dict[str, int]] = {
 }
 # Fencing tokens are uint64 on the wire; none beyond int64 is ever issued.
 MAX_FENCING_TOKEN: Final = 2**63 - 1
+# Orchestrator epochs too (one per start or takeover of a journal).
+MAX_ORCHESTRATOR_EPOCH: Final = 2**63 - 1
 # Fields of free text; every other string field is an id or a name.
 TEXT_FIELDS: Final = frozenset({"reason", "fault", "error", "endpoints", "address"})
 

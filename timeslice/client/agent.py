@@ -246,9 +246,14 @@ class AsyncSnapshotAgentClient:
         )
         return health_response(response)
 
-    async def reset_job(self, job_id: str, group: str = "") -> ResetJobResponse:
-        """Clears a FAULTED job's fault; the agent then asks its backend where its context is."""
-        request = pb.ResetJobRequest(job_id=check_job_id(job_id), group=group)
+    async def reset_job(
+        self, job_id: str, group: str = "", *, orchestrator_epoch: int = 0
+    ) -> ResetJobResponse:
+        """Clears a FAULTED job's fault; the agent then asks its backend where its context
+        is. ``orchestrator_epoch``: the orchestrator's call, of that epoch (0: an operator's)."""
+        request = pb.ResetJobRequest(
+            job_id=check_job_id(job_id), group=group, orchestrator_epoch=orchestrator_epoch
+        )
         stubs = self._connect()
         response = await self._send_once(
             f"ResetJob({group}/{job_id})",
@@ -265,12 +270,14 @@ class AsyncSnapshotAgentClient:
         jobs: Sequence[pb.SwitchJob] = (),
         timeout_sec: float,
         token_proof: bytes = b"",
+        orchestrator_epoch: int = 0,
     ) -> pb.SwitchGroupResponse:
         """The node's part of a switch of ``group`` to ``next_job_id`` (the
         orchestrator's call): every other live context of the group snapshotted,
         then the next job's restored if saved. Safe to repeat, so it is retried
         while the agent cannot be reached, within ``timeout_sec``. ``token_proof``:
-        the orchestrator's proof that the token is its own (`timeslice.fencing`)."""
+        the orchestrator's proof that the token and ``orchestrator_epoch`` (its
+        epoch; 0: not an orchestrator's call) are its own (`timeslice.fencing`)."""
         _check_timeout(timeout_sec)
         stubs = self._connect()
 
@@ -282,6 +289,7 @@ class AsyncSnapshotAgentClient:
                 timeout_ms=max(1, round(left * 1000)),
                 jobs=list(jobs),
                 token_proof=token_proof,
+                orchestrator_epoch=orchestrator_epoch,
             )
             # The agent answers by its deadline; the call's own outlasts it a little.
             return stubs.agent.switch_group(request, timeout=left + _WAIT_BACKSTOP_SEC)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
 from timeslice.orchestrator.decisions import agent_joined, agent_lost
 from timeslice.security.tls import ClientTls
+
+log = logging.getLogger(__name__)
 
 # How long a status question to one agent may take before it counts as unreachable.
 STATUS_TIMEOUT = 1.0
@@ -129,14 +132,17 @@ class AgentDirectory:
         named = next((name for name, address in self.addresses.items() if address == node), "")
         return self._token_keys.get(named, b"")
 
-    async def reset(self, group: str, job: str, addresses: Sequence[str]) -> None:
-        """Clear the job's fault on every one of these agents that has it faulted."""
+    async def reset(self, group: str, job: str, addresses: Sequence[str], *, epoch: int) -> None:
+        """Clear the job's fault on every one of these agents that has it faulted, as
+        the orchestrator of `epoch` (an agent that has seen a newer one refuses)."""
 
         async def reset_one(address: str) -> None:
             try:
-                await self.client(address).reset_job(job, group)
-            except (NotFoundError, ConflictError):
-                pass  # not known there, or not faulted
+                await self.client(address).reset_job(job, group, orchestrator_epoch=epoch)
+            except NotFoundError:
+                pass  # not known there
+            except ConflictError as exc:  # not faulted there, or a newer epoch has taken over
+                log.info("reset of %s/%s on agent %s: %s", group, job, address, exc.message)
 
         await asyncio.gather(*(reset_one(address) for address in addresses))
 

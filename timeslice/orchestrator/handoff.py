@@ -35,7 +35,7 @@ from typing import Protocol
 from timeslice._failpoints import SWITCH_JOURNALED, SWITCH_MOVED, failpoint
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.client.agent import AsyncSnapshotAgentClient
-from timeslice.errors import LeaseLostError, TimeSliceError
+from timeslice.errors import ConflictError, LeaseLostError, TimeSliceError
 from timeslice.fencing import token_proof
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.agents import AgentDirectory
@@ -151,18 +151,35 @@ class HandoffDriver:
         if address is None:
             return NodeResult(node=node, error="no agent registered for this node in time")
         left = deadline - time.time()
+        # This orchestrator's epoch: an agent that has seen a newer one (this one was
+        # deposed) refuses the switch and moves nothing.
+        epoch = self.journaled.table.epoch
         try:
             key = self.agents.token_key(node)
+            proof = token_proof(key, switch.group, switch.token, epoch=epoch) if key else b""
             answer = await self._client(address).switch_group(
                 switch.group,
                 switch.job,
                 switch.token,
                 jobs=list(self._jobs(switch.group, node, revoked)),
                 timeout_sec=max(left, 0.001),
-                token_proof=token_proof(key, switch.group, switch.token) if key else b"",
+                token_proof=proof,
+                orchestrator_epoch=epoch,
             )
         except LeaseLostError:
             return NodeResult(node=node, error=_SUPERSEDED)
+        except ConflictError as exc:  # refused: a newer orchestrator, a token it never saw
+            log.warning(
+                "switch of %s to %s (token %d, epoch %d) refused by agent %s of %s: %s",
+                switch.group,
+                switch.job or "nobody",
+                switch.token,
+                epoch,
+                address,
+                node,
+                exc.message,
+            )
+            return NodeResult(node=node, error=f"agent {address}: {exc.message}")
         except TimeSliceError as exc:
             return NodeResult(
                 node=node, error=f"agent {address}: {exc.message or type(exc).__name__}"

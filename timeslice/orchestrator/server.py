@@ -487,7 +487,8 @@ class Orchestrator:
         """Lift `job`'s quarantine on `group`, and clear its fault on the group's agents.
         True if the orchestrator had it quarantined."""
         effects = await self.apply(ev.ResetJob(now=time.time(), group=group, job=job))
-        await self.agents.reset(group, job, [a for _, a in self.group_agents(group) if a])
+        agents = [a for _, a in self.group_agents(group) if a]
+        await self.agents.reset(group, job, agents, epoch=self.table.epoch)
         return bool(effects)
 
     async def acquire(

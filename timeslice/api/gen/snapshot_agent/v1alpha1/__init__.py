@@ -626,6 +626,14 @@ class ResetJobRequest(betterproto2.Message):
 
     group: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
+    orchestrator_epoch: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    The epoch of the orchestrator that sends it (its lock table's, raised at
+    every start or takeover); the agent refuses one lower than the highest it
+    has seen (FAILED_PRECONDITION), so that a deposed orchestrator cannot act.
+    0: sent by no orchestrator (an operator's call), fenced by role only.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "ResetJobRequest", ResetJobRequest
@@ -821,8 +829,18 @@ class SwitchGroupRequest(betterproto2.Message):
 
     token_proof: "bytes" = betterproto2.field(6, betterproto2.TYPE_BYTES)
     """
-    HMAC-SHA256, under the key this agent sent in its AgentReport, of the group and
-    the fencing token: the token is the orchestrator's (empty: the agent asks).
+    HMAC-SHA256, under the key this agent sent in its AgentReport, of the group,
+    the fencing token and the orchestrator epoch: both are the orchestrator's
+    (empty: the agent asks).
+    """
+
+    orchestrator_epoch: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    The epoch of the orchestrator that sends it (its lock table's, raised at
+    every start or takeover). The agent keeps the highest it has seen, saved
+    with its job table, and refuses a switch of a lower one
+    (FAILED_PRECONDITION): a deposed or frozen orchestrator moves no context.
+    0: sent by no orchestrator (an operator's call), fenced by role only.
     """
 
 

@@ -33,6 +33,9 @@ from timeslice.orchestrator.state import LockTable
 
 log = logging.getLogger(__name__)
 
+#: How long a failed engine's stop waits for a write it cancelled (seconds).
+STOP_WAIT = 1.0
+
 _Pending = tuple[Event, list[Effect], asyncio.Future[list[Effect]]]
 
 
@@ -67,6 +70,7 @@ class JournalEngine:
         self._snapshot_every = snapshot_every
         self._since_snapshot = 0
         self._pending: list[_Pending] = []
+        self._writing: list[_Pending] = []  # the batch whose write is under way
         self._flusher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -108,10 +112,16 @@ class JournalEngine:
         self._stopped = True
 
     async def stop(self) -> None:
-        """Write what is pending, and stop the timer."""
+        """Write what is pending, and stop the timer. After a failure, a write still
+        under way is not waited for: it can change nothing now, and its database may
+        be out of reach (it is cancelled, and left to end when it does)."""
         self._stopped = True
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        if (flusher := self._flusher) is not None:
+            if self.failure is None:
+                await asyncio.gather(flusher, return_exceptions=True)
+            else:
+                flusher.cancel()
+                await asyncio.wait({flusher}, timeout=STOP_WAIT)
         if self._timer is not None:
             self._timer.cancel()
 
@@ -119,12 +129,15 @@ class JournalEngine:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                self._writing = batch
                 began = time.perf_counter()
                 try:
                     seq = await self.journal.append([event for event, _, _ in batch])
                 except Exception as exc:
-                    self.fail(exc, "journal write failed", batch)
+                    self.fail(exc, "journal write failed")
                     return
+                finally:
+                    self._writing = []
                 if self.committed is not None:
                     self.committed(time.perf_counter() - began, len(batch))
                 if self.failure is not None:  # the journal's claim was lost meanwhile
@@ -152,11 +165,14 @@ class JournalEngine:
         if self.failure is None:
             log.error("%s, the orchestrator stops: %s", what, exc)
             self.failure = exc
-        pending, self._pending = [*(batch or []), *self._pending], []
+        # The batch being written too: its write may never return (a database cut
+        # off), and whatever it returns, nothing of it is acted on now.
+        pending, self._pending = [*(batch or []), *self._writing, *self._pending], []
         error = UnavailableError(f"{what}: {exc}")
         for _, _, done in pending:
             if not done.done():
                 done.set_exception(error)
+                done.exception()  # an event nobody awaits (a timer's) is not an error here
         self._on_failure(error)
 
     def claim_lost(self, error: JournalClaimLostError) -> None:

@@ -280,6 +280,7 @@ class SqlJournal(Journal):
         self._leader_lease, self._on_standby = leader_lease, on_standby
         self._advertise = advertise
         self._lease: LeaderLease | None = None
+        self._me = ""  # this writer's name in its sessions (and in the lease, when it has one)
 
     async def open(self) -> None:
         if self._engine is not None:
@@ -299,10 +300,14 @@ class SqlJournal(Journal):
                 )
                 configure_sqlite(self._engine)
             else:
+                # Every session of a candidate carries its name in the lease, so that
+                # a takeover can end every session of an expired holder.
+                leased = not self.read_only and self._leader_lease is not None
+                self._me = candidate_name() if leased else holder_name()
                 self._engine = create_async_engine(
                     self.url,
                     pool_pre_ping=True,
-                    connect_args={"server_settings": {"application_name": holder_name()}},
+                    connect_args={"server_settings": {"application_name": self._me}},
                 )
                 if not self.read_only and self._leader_lease is not None:
                     await self._lead(self._engine, self._leader_lease)
@@ -339,7 +344,7 @@ class SqlJournal(Journal):
         """Wait as a standby until this candidate holds the leader lease, then take
         the advisory lock as well (from a deposed holder, if need be)."""
         self._lease = LeaderLease(
-            engine, me=candidate_name(), lease=lease, label=self.label, lost=self._lose
+            engine, me=self._me, lease=lease, label=self.label, lost=self._lose
         )
         if self._advertise is not None:
             self._lease.address = self._advertise()

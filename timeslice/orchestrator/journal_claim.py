@@ -236,6 +236,6 @@ def _describe_pg_holder(row: Any) -> str:
     if row is None:
         return "another session (it is ending)"
     since = f" since {row.backend_start.isoformat(timespec='seconds')}" if row.backend_start else ""
-    if match := re.fullmatch(r"timeslice:(\d+)@(.*)", row.application_name or ""):
+    if match := re.fullmatch(r"timeslice:(\d+)@(.*?)(/[0-9a-f]+)?", row.application_name or ""):
         return f"pid {match[1]} on host {match[2]}{since}"
     return f"PostgreSQL session {row.pid} ({row.application_name or 'no application name'}){since}"

@@ -72,6 +72,10 @@ _RENEW = sa.text(
 _FENCE = sa.text(
     "SELECT epoch FROM leader_lease WHERE id = 1 AND epoch = :epoch AND holder = :me FOR SHARE"
 )
+_EVICT_HOLDER = sa.text(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    " WHERE application_name = :holder AND pid <> pg_backend_pid()"
+)
 _RELEASE = sa.text(
     "UPDATE leader_lease SET expires_at = '-infinity'"
     f" WHERE id = 1 AND epoch = :epoch AND holder = :me RETURNING {_ROW}"
@@ -174,15 +178,32 @@ class LeaderLease:
             return self.standing
         address = self.address[:MAX_ADDRESS]
         sent = asyncio.get_running_loop().time()
-        written = await self._statement(
-            _TAKE, epoch=epoch, me=self.me, lease=self.lease, address=address
-        )
+        try:
+            written = await self._take(epoch, address)
+        except sa.exc.DBAPIError as exc:  # the row stayed locked: try again at the next wait
+            log.info("journal %s: taking the leader lease over failed: %s", self._label, exc)
+            return self.standing
         self.standing = ld.after_takeover(written, self.me, epoch)
         if written is not None:
             self._saw(written)
         if self.standing.role is Role.ACTIVE:
             self._held_until = ld.held_until(sent, self.lease)
         return self.standing
+
+    async def _take(self, epoch: int, address: str) -> LeaseRow | None:
+        """The takeover statement, once the lease has expired: first end every
+        session of the expired holder (a frozen or partitioned writer may hold the
+        lease row locked in a transaction the database still thinks open, and its
+        advisory lock), then raise the epoch; never waiting on a lock for longer
+        than a third of the lease."""
+        holder = self.row.holder if self.row is not None else ""
+        async with self._engine.begin() as conn:
+            if holder and holder != self.me:
+                await conn.execute(_EVICT_HOLDER, {"holder": holder})
+            wait_ms = max(1, round(ld.renew_every(self.lease) * 1000))
+            await conn.execute(sa.text(f"SET LOCAL lock_timeout = {wait_ms}"))
+            values = {"epoch": epoch, "me": self.me, "lease": self.lease, "address": address}
+            return _row((await conn.execute(_TAKE, values)).first())
 
     def _saw(self, row: LeaseRow | None) -> None:
         self.row, self._row_at = row, asyncio.get_running_loop().time()

@@ -20,7 +20,7 @@ dials). Standard library and `timeslice.ids` only.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -105,18 +105,30 @@ class Endpoint:
 
 
 def next_candidate(
-    endpoints: Sequence[Endpoint], current: int | None, redirect: Target | None
+    endpoints: Sequence[Endpoint],
+    current: int | None,
+    redirect: Target | None,
+    shunned: Collection[Target] = (),
 ) -> int:
     """The index of the candidate to try after `current` (None: none tried yet):
-    the one `redirect` names if it is in the list and is not `current`, otherwise
-    the next one in order (wrapping around)."""
+    the one `redirect` names if it is in the list, is not `current` and was not
+    given up on a moment ago (`shunned`: a standby names the active until its lease
+    runs out, also when the active is frozen and this client has just left it),
+    otherwise the next one in order (wrapping around) that is not shunned, if any
+    is not: a frozen candidate costs a whole ping timeout at each visit."""
     if not endpoints:
         raise ValueError("no candidates")
+
+    def avoided(endpoint: Endpoint) -> bool:
+        return endpoint.dial in shunned or endpoint.given in shunned
+
     if redirect is not None:
         for index, endpoint in enumerate(endpoints):
-            if index != current and endpoint.names(redirect):
+            if index != current and endpoint.names(redirect) and not avoided(endpoint):
                 return index
-    return 0 if current is None else (current + 1) % len(endpoints)
+    start = 0 if current is None else current + 1
+    ring = [(start + step) % len(endpoints) for step in range(len(endpoints))]
+    return next((i for i in ring if not avoided(endpoints[i])), ring[0])
 
 
 def active_from_metadata(values: Iterable[object]) -> Target | None:

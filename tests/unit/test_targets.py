@@ -85,6 +85,17 @@ def test_a_redirect_elsewhere_or_to_itself_is_ignored() -> None:
     assert next_candidate(three, 0, Target(host="h2", port=9)) == 1  # another port
 
 
+def test_a_redirect_to_a_candidate_given_up_on_a_moment_ago_is_not_followed() -> None:
+    # The client left A (frozen); a standby still names A until A's lease runs out.
+    three = endpoints(A, B, Target(host="h3", port=1))
+    assert next_candidate(three, 1, A, shunned={A}) == 2  # down the list instead
+    assert next_candidate(three, 1, A, shunned={Target(host="h3", port=1)}) == 0
+    # Going round, a candidate given up on is passed over while another is left.
+    assert next_candidate(three, 2, None, shunned={A}) == 1
+    assert next_candidate(three, 1, None, shunned={A, Target(host="h3", port=1)}) == 1
+    assert next_candidate(three, 0, None, shunned={A, B, Target(host="h3", port=1)}) == 1
+
+
 def test_a_redirect_matches_a_resolved_address_or_the_name_given() -> None:
     name = Target(host="orch.svc", port=50051)
     resolved = [

@@ -31,7 +31,7 @@ from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.backends import AcceleratorMemory
-from timeslice.client._connector import Connector
+from timeslice.client._connector import Connector, answered
 from timeslice.client._transport import backoff_delays, in_own_task
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
@@ -156,16 +156,18 @@ class OrchestratorLink:
             while not self._closing.is_set():
                 channel = await connector.channel()
                 began = loop.time()
+                ended: Exception | None = None
                 try:
                     # In a task of its own: grpclib's cancellations when the
                     # connection drops stay with it (see `in_own_task`).
                     await in_own_task(self._session(channel))
                 except Exception as exc:  # down, restarting, a standby, or it ended it
+                    ended = exc
                     log.info("session with orchestrator %s ended: %s", self.target, exc)
                 finally:
                     # A new connection for the next session: to the next candidate if
                     # there are several, or to the active a standby named.
-                    connector.failed(channel, close=True)
+                    connector.failed(channel, close=True, refused=answered(ended))
                 if loop.time() - began > HEALTHY_SESSION_SEC:
                     delays = backoff_delays()
                 with contextlib.suppress(TimeoutError):

@@ -46,8 +46,12 @@ from timeslice.targets import (
 
 T = TypeVar("T")
 
-DEFAULT_PING_EVERY_SEC = 1.0
-DEFAULT_PING_TIMEOUT_SEC = 2.0
+DEFAULT_PING_EVERY_SEC = 0.5
+DEFAULT_PING_TIMEOUT_SEC = 1.5
+#: How long a candidate this client gave up on is not gone back to on a standby's
+#: word: a standby names the active until the active's lease runs out (5 s by
+#: default), frozen or not. It is still tried in its turn down the list.
+SHUN_SEC = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +90,15 @@ def unreachable(error: BaseException) -> bool:
     if isinstance(error, GRPCError):
         return error.status is Status.UNAVAILABLE
     return isinstance(error, OSError) and not isinstance(error, TimeoutError)
+
+
+def answered(error: BaseException | None) -> bool:
+    """Whether `error` is a server's own answer (a status it sent: a standby's
+    refusal), rather than a connection that could not be made, broke or went silent.
+    None (a stream the server ended itself) counts as an answer."""
+    if error is None or isinstance(error, GRPCError):
+        return True
+    return isinstance(error.__cause__, GRPCError)
 
 
 def _abort_when_closed(channel: Channel) -> None:
@@ -135,6 +148,9 @@ class Connector:
         # The active that a refusal received on a channel named (keyed by id: a
         # Channel is not hashable by value, and an entry goes with its channel).
         self._redirects: dict[int, Target] = {}
+        # The candidates given up on (unreachable, not answering), and when (loop time):
+        # for `SHUN_SEC` a refusal naming one of them is not followed.
+        self._gave_up: dict[Target, float] = {}
         self._resolving = asyncio.Lock()
         self._closed = False
 
@@ -154,20 +170,26 @@ class Connector:
                 if self._channel is None:
                     if not self._endpoints or self._index is None:
                         await self._resolve()
-                        self._index = 0 if self._index is None else self._index
+                        if self._index is None:  # a new round: not where it just gave up
+                            self._index = next_candidate(
+                                self._endpoints, None, None, self._shunned()
+                            )
                     self._channel = self._open(self._endpoints[self._index])
         return self._channel
 
-    def failed(self, channel: Channel, *, close: bool = False) -> None:
-        """A call on `channel` found its server unreachable or refusing: the next call
-        goes to the next candidate (or to the active a refusal named), on a new
-        connection. With a single candidate the channel is kept (grpclib dials it again
-        by itself) unless `close`."""
+    def failed(self, channel: Channel, *, close: bool = False, refused: bool = False) -> None:
+        """A call on `channel` found its server unreachable (`refused`: it answered,
+        refusing): the next call goes to the next candidate (or to the active a
+        refusal named), on a new connection. A candidate that did not answer is
+        passed over for `SHUN_SEC` while others are left. With a single candidate the
+        channel is kept (grpclib dials it again by itself) unless `close`."""
         redirect = self._redirects.pop(id(channel), None)
         if channel is not self._channel:
             return  # another call moved on already
         assert self._index is not None
-        following = next_candidate(self._endpoints, self._index, redirect)
+        if not refused:  # it could not be reached, or stopped answering
+            self._gave_up[self._endpoints[self._index].dial] = asyncio.get_running_loop().time()
+        following = next_candidate(self._endpoints, self._index, redirect, self._shunned())
         if following == self._index and not close:
             return
         self._channel = None
@@ -179,6 +201,12 @@ class Connector:
         else:
             self._index = following
 
+    def _shunned(self) -> set[Target]:
+        """The candidates given up on less than `SHUN_SEC` ago."""
+        now = asyncio.get_running_loop().time()
+        self._gave_up = {t: at for t, at in self._gave_up.items() if now - at < SHUN_SEC}
+        return set(self._gave_up)
+
     @contextlib.contextmanager
     def using(self, channel: Channel) -> Iterator[None]:
         """Around a call or a stream on `channel`: an error that says its server cannot
@@ -187,7 +215,7 @@ class Connector:
             yield
         except BaseException as error:
             if unreachable(error):
-                self.failed(channel)
+                self.failed(channel, refused=answered(error))
             raise
 
     async def call(self, send: Callable[[Channel], Awaitable[T]]) -> T:

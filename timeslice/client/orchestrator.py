@@ -27,6 +27,7 @@ from timeslice.client._connector import (
     DEFAULT_PING_TIMEOUT_SEC,
     Connector,
     Pings,
+    answered,
     unreachable,
 )
 from timeslice.client._transport import (
@@ -567,7 +568,7 @@ class AsyncTimeSliceOrchestratorClient:
             yield
         except BaseException as error:
             if channel is not None and self._connector is not None and unreachable(error):
-                self._connector.failed(channel)
+                self._connector.failed(channel, refused=answered(error))
             raise
 
     async def _on(self, send: Callable[[Stub], Awaitable[R]]) -> R:

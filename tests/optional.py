@@ -40,3 +40,16 @@ def need_root(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"under CI=true this test must run: {reason}")
     pytest.skip(reason)
+
+
+def need_postgres() -> str:
+    """The URL of the PostgreSQL server the tests may use (TIMESLICE_TEST_POSTGRES_URL,
+    which `.ci/run` sets); the calling test is skipped without one, unless
+    `CI=true`, where it fails: CI starts one."""
+    url = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
+    if url:
+        return url
+    message = "TIMESLICE_TEST_POSTGRES_URL is not set (no PostgreSQL server)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)

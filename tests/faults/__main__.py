@@ -1,6 +1,7 @@
 """`python -m tests.faults`: a long fault campaign, with a table and a JSON summary.
 
     python -m tests.faults --runs 200 [--seed S] [--duration SEC] [--json FILE]
+    python -m tests.faults --orchestrators 3 --postgres URL ...   # active and standbys
 
 Run i uses seed S + i, so any run can be repeated alone with `--runs 1 --seed`
 its seed. The exit status is 1 when any run found a violation.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -19,7 +22,7 @@ from typing import Any
 
 from tests.faults.campaign import RunResult, Settings, run_once
 from tests.faults.processes import Code, code_snapshot
-from tests.faults.schedule import KINDS
+from tests.faults.schedule import ACTIVE_KINDS, HA_KINDS, KINDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lease", type=float, default=defaults.lease)
     parser.add_argument("--switch-timeout", type=float, default=defaults.switch_timeout)
     parser.add_argument("--mib", type=int, default=defaults.mib, help="each job's context")
+    parser.add_argument("--orchestrators", type=int, default=defaults.orchestrators,
+                        help="candidates on one PostgreSQL journal (more than 1: --postgres)")  # fmt: skip
+    parser.add_argument("--postgres", default=os.environ.get("TIMESLICE_TEST_POSTGRES_URL", ""),
+                        help="a PostgreSQL server's URL; each run makes a database of its own"
+                        " there (default: TIMESLICE_TEST_POSTGRES_URL)")  # fmt: skip
+    parser.add_argument("--leader-lease", type=float, default=defaults.leader_lease)
     parser.add_argument("--keep", choices=("failed", "always", "never"), default="failed",
                         help="keep a run's folder (logs, journal) afterwards")  # fmt: skip
     parser.add_argument("--ref", help="test the package as of this git commit, not the checkout")
@@ -44,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def summarize(results: list[RunResult], seconds: float) -> dict[str, Any]:
-    faults: Counter[str] = Counter({kind: 0 for kind in KINDS})
+    kinds = HA_KINDS if any(r.failovers for r in results) else KINDS
+    faults: Counter[str] = Counter({kind: 0 for kind in kinds})
     counts: Counter[str] = Counter()
     for result in results:
         faults.update(result.faults)
@@ -70,6 +80,7 @@ def summarize(results: list[RunResult], seconds: float) -> dict[str, Any]:
         "stale_steps": counts["stale steps"],
         "stale_holders_found_context_saved": counts["stale holder found its context saved"],
         "max_stale_seconds": round(max((r.stale_seconds for r in results), default=0.0), 3),
+        "failover_seconds": failover_figures(results),
         "violations": sum(len(r.violations) for r in results),
         "failed_runs": [
             {"seed": r.seed, "violations": r.violations, "folder": r.kept} for r in failed
@@ -78,26 +89,52 @@ def summarize(results: list[RunResult], seconds: float) -> dict[str, Any]:
     }
 
 
+def failover_figures(results: list[RunResult]) -> dict[str, Any]:
+    """Per kind of fault of the active: how many, and the seconds from the fault to
+    the takeover and to the new active's first grant (median and longest)."""
+    figures: dict[str, Any] = {}
+    for kind in ACTIVE_KINDS:
+        rows = [f for r in results for f in r.failovers if f[0] == kind]
+        if not rows:
+            continue
+        entry: dict[str, Any] = {"faults": len(rows)}
+        for name, column in (("takeover", 1), ("first_grant", 2)):
+            seen = [row[column] for row in rows if row[column] is not None]
+            entry[name] = {
+                "seen": len(seen),
+                "p50": round(statistics.median(seen), 3) if seen else None,
+                "max": round(max(seen), 3) if seen else None,
+            }
+        figures[kind] = entry
+    return figures
+
+
 def _prefixed(counts: Counter[str], prefix: str) -> dict[str, int]:
     return {k.removeprefix(prefix): v for k, v in sorted(counts.items()) if k.startswith(prefix)}
 
 
 def row(result: RunResult) -> str:
     counts = result.counts
-    kinds = " ".join(f"{result.faults[k]}{k.split('-')[1][0]}" for k in KINDS)
+    letters = HA_LETTERS if result.failovers or set(result.faults) & set(ACTIVE_KINDS) else LETTERS
+    kinds = " ".join(f"{result.faults[k]}{letter}" for k, letter in letters.items())
     holds = f"{counts['holds confirmed']}/{counts['holds not confirmed']}"
     return (
-        f"{result.seed:>6} {kinds:<12} {counts['grants']:>6} {counts['switches']:>6}"
+        f"{result.seed:>6} {kinds:<18} {counts['grants']:>6} {counts['switches']:>6}"
         f" {holds:>9} {counts['stale steps']:>5} {len(result.violations):>4}"
         f" {result.seconds:>6.1f}"
     )
 
 
 HEADER = (
-    f"{'seed':>6} {'faults':<12} {'grants':>6} {'switch':>6} {'holds':>9} {'stale':>5}"
+    f"{'seed':>6} {'faults':<18} {'grants':>6} {'switch':>6} {'holds':>9} {'stale':>5}"
     f" {'viol':>4} {'sec':>6}"
 )
-LEGEND = "faults: o orchestrator, a agent killed; h holder stopped; j job killed"
+LEGEND = (
+    "faults: o orchestrator, a agent killed; h holder stopped; j job killed;"
+    " with standbys: K active killed, S active stopped, C active cut from PostgreSQL"
+)
+LETTERS = dict(zip(KINDS, "oahj", strict=True))
+HA_LETTERS = dict(zip(HA_KINDS, "KSCahj", strict=True))
 
 
 async def campaign(args: argparse.Namespace) -> int:
@@ -108,6 +145,9 @@ async def campaign(args: argparse.Namespace) -> int:
         lease=args.lease,
         switch_timeout=args.switch_timeout,
         mib=args.mib,
+        orchestrators=args.orchestrators,
+        postgres_url=args.postgres if args.orchestrators > 1 else "",
+        leader_lease=args.leader_lease,
     )
     began = time.monotonic()
     results: list[RunResult] = []

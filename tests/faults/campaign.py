@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
 import signal
@@ -39,8 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+import sqlalchemy as sa
+
 from tests.faults import checker, schedule
 from tests.faults.processes import PYTHON, Code, Process, free_port, port_open, timeslice
+from tests.faults.proxy import Proxy
 from tests.faults.schedule import Fault, Plan
 from timeslice.client import AsyncTimeSliceOrchestratorClient, GroupLockState
 from timeslice.errors import TimeSliceError
@@ -69,9 +73,34 @@ class Settings:
     warmup_timeout: float = 60.0
     calm_timeout: float = 60.0
     shutdown_timeout: float = 20.0
+    # Several orchestrators: candidates on one PostgreSQL journal (a database of
+    # its own per run, made on the server of `postgres_url`), each reaching it
+    # through a proxy the campaign can cut, with this leader lease.
+    orchestrators: int = 1
+    postgres_url: str = ""
+    leader_lease: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.orchestrators > 1 and not self.postgres_url:
+            raise ValueError("several orchestrators need a PostgreSQL server (postgres_url)")
+
+    @property
+    def ha(self) -> bool:
+        """Whether the run has active and standby orchestrators."""
+        return self.orchestrators > 1
 
     def job_names(self) -> tuple[str, ...]:
         return tuple(f"job-{i}" for i in range(self.jobs))
+
+
+@dataclass(frozen=True)
+class Failover:
+    """One fault of the active: when it struck, and when another candidate said it
+    was active (the first grant after it is read from the journal)."""
+
+    kind: str
+    struck: float
+    took_over: float | None
 
 
 @dataclass
@@ -87,6 +116,9 @@ class RunResult:
     stale_seconds: float = 0.0
     seconds: float = 0.0
     kept: str = ""  # the run's folder, when kept
+    # Per fault of the active: its kind, seconds to the takeover and to the first
+    # grant by the new active (None: not seen).
+    failovers: list[tuple[str, float | None, float | None]] = field(default_factory=list)
 
 
 class Run:
@@ -95,13 +127,26 @@ class Run:
     def __init__(self, root: Path, seed: int, settings: Settings, code: Code) -> None:
         self.root, self.seed, self.settings, self.code = root, seed, settings, code
         self.rng = random.Random(f"{seed}/run")
-        self.journal_url = f"sqlite:///{root / 'journal.db'}"
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.agent_ports = {node: free_port() for node in NODES}
-        self.orchestrator = Process(
-            "orchestrator", self._orchestrator_command(), root / "orchestrator.log", root, code
+        self.database = f"timeslice_faults_{seed}_{os.getpid()}"
+        self.journal_url = (
+            _database_url(settings.postgres_url, self.database)
+            if settings.ha
+            else f"sqlite:///{root / 'journal.db'}"
         )
+        self.ports = [free_port() for _ in range(settings.orchestrators)]
+        self.address = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        self.agent_ports = {node: free_port() for node in NODES}
+        # The candidates' commands are known once their proxies listen (`start`).
+        self.candidates = [
+            Process(name, [], root / f"{name}.log", root, code)
+            for name in (
+                [f"orchestrator-{i}" for i in range(len(self.ports))]
+                if settings.ha
+                else ["orchestrator"]
+            )
+        ]
+        self.proxies: list[Proxy] = []
+        self.failovers: list[Failover] = []
         self.agents = {
             node: Process(node, self._agent_command(node), root / f"{node}.log", root, code)
             for node in NODES
@@ -119,10 +164,24 @@ class Run:
             call_timeout_sec=2.0,
             reconnect_timeout_sec=0.0,
         )
+        # One client per candidate, to ask each where it stands.
+        self._asking = [
+            AsyncTimeSliceOrchestratorClient(
+                f"127.0.0.1:{port}", lease_ttl_sec=None, call_timeout_sec=1.0,
+                reconnect_timeout_sec=0.0,
+            )
+            for port in self.ports
+        ]  # fmt: skip
 
     # --- commands -----------------------------------------------------------------------
 
-    def _orchestrator_command(self) -> list[str]:
+    @property
+    def orchestrator(self) -> Process:
+        """The orchestrator of a run with one."""
+        [only] = self.candidates
+        return only
+
+    def _orchestrator_command(self, i: int) -> list[str]:
         config = self.root / "orchestrator.toml"
         lines = [f"snapshot_every = {self.settings.snapshot_every}"]
         if "revoked_snapshot_timeout" in self.code.orchestrator_settings:
@@ -130,10 +189,14 @@ class Run:
             # sooner than the whole switch.
             lines.append(f"revoked_snapshot_timeout = {self.settings.switch_timeout / 2}")
         config.write_text("\n".join(lines) + "\n")
+        db, lease = self.journal_url, []
+        if self.settings.ha:
+            db = _database_url(self.journal_url, self.database, port=self.proxies[i].port)
+            lease = ["--leader-lease", str(self.settings.leader_lease)]
         return timeslice(
-            "serve", "orchestrator", "--port", str(self.port), "--db", self.journal_url,
+            "serve", "orchestrator", "--port", str(self.ports[i]), "--db", db,
             "--config", str(config), "--switch-timeout", str(self.settings.switch_timeout),
-            "--recovery-grace", str(self.settings.recovery_grace),
+            "--recovery-grace", str(self.settings.recovery_grace), *lease,
         )  # fmt: skip
 
     def _agent_command(self, node: str) -> list[str]:
@@ -158,7 +221,7 @@ class Run:
 
     @property
     def servers(self) -> list[Process]:
-        return [self.orchestrator, *self.agents.values()]
+        return [*self.candidates, *self.agents.values()]
 
     @property
     def processes(self) -> list[Process]:
@@ -170,7 +233,16 @@ class Run:
     # --- the run ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.orchestrator.start()
+        if self.settings.ha:
+            await _create_database(self.settings.postgres_url, self.database)
+            target = sa.engine.make_url(self.settings.postgres_url)
+            for _ in self.candidates:
+                proxy = Proxy(target.host or "127.0.0.1", target.port or 5432)
+                await proxy.start()
+                self.proxies.append(proxy)
+        for i, candidate in enumerate(self.candidates):
+            candidate.argv = self._orchestrator_command(i)
+            candidate.start()
         for agent in self.agents.values():
             agent.start()
         await self._orchestrator_ready()
@@ -244,6 +316,8 @@ class Run:
 
     async def inject(self, fault: Fault) -> str:
         """Carry out one fault; say what was done."""
+        if fault.kind in schedule.ACTIVE_KINDS:
+            return await self._fault_active(fault)
         if fault.kind == schedule.KILL_ORCHESTRATOR:
             await self.orchestrator.kill()
             await asyncio.sleep(fault.down)
@@ -273,6 +347,67 @@ class Run:
         await asyncio.sleep(fault.down)
         process.start()
         return f"{fault.kind} {job}"
+
+    async def active(self, timeout: float, besides: int | None = None) -> int | None:
+        """The candidate that says it is active (other than `besides`), asked every
+        few hundredths of a second for up to `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, (process, client) in enumerate(zip(self.candidates, self._asking, strict=True)):
+                if i == besides or not process.alive or process.stopped:
+                    continue
+                with contextlib.suppress(TimeSliceError):
+                    if (await client.get_leadership(timeout_sec=0.5)).role == "active":
+                        return i
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.02)
+
+    async def _fault_active(self, fault: Fault) -> str:
+        """SIGKILL, SIGSTOP or cut the active off from PostgreSQL; wait for another
+        candidate to take over; bring the struck one back as its supervisor would
+        (it must have exited non-zero on its own after a stop or a cut)."""
+        lease, wait = self.settings.leader_lease, self.settings.leader_lease + 10.0
+        i = await self.active(self.settings.ready_timeout)
+        if i is None:
+            self.violations.append(f"{fault.kind}: no orchestrator is active")
+            return f"{fault.kind}: no active"
+        process, struck = self.candidates[i], time.time()
+        if fault.kind == schedule.KILL_ACTIVE:
+            await process.kill()
+        elif fault.kind == schedule.STOP_ACTIVE:
+            process.signal(signal.SIGSTOP)
+        else:
+            process.expected_exit = True  # it steps down, and exits non-zero
+            self.proxies[i].cut()
+        new = await self.active(wait, besides=i)
+        took = time.time() if new is not None else None
+        self.failovers.append(Failover(fault.kind, struck, took))
+        if new is None:
+            self.violations.append(f"{fault.kind}: no candidate took over in {wait:g} s")
+        if fault.kind == schedule.CUT_ACTIVE:
+            await self._stepped_down(process, lease + 5.0, "cut off from PostgreSQL")
+        await asyncio.sleep(max(0.0, struck + fault.down - time.time()))
+        if fault.kind == schedule.STOP_ACTIVE:
+            process.expected_exit = True
+            process.signal(signal.SIGCONT)
+            await self._stepped_down(process, lease + 5.0, "woken past its lease")
+        elif fault.kind == schedule.CUT_ACTIVE:
+            self.proxies[i].heal()
+        process.start()
+        # Back once it listens (as a standby), as a supervisor's probe would say.
+        if not await port_open(self.ports[i], self.settings.ready_timeout):
+            self.violations.append(f"{process.name} did not listen again after {fault.kind}")
+        after = f" -> {self.candidates[new].name}" if new is not None else ""
+        return f"{fault.kind} {process.name}{after}"
+
+    async def _stepped_down(self, process: Process, timeout: float, why: str) -> None:
+        code = await process.wait(timeout)
+        if code is None:
+            self.violations.append(f"{process.name}, {why}, still runs after {timeout:g} s")
+            await process.kill()
+        elif code == 0:
+            self.violations.append(f"{process.name}, {why}, exited 0: it must fail")
 
     async def _target(self, target: str) -> str | None:
         """The job a fault aims at: the holder (asked of the orchestrator), or one named."""
@@ -305,8 +440,42 @@ class Run:
         for process in self.processes:
             if process.alive:
                 await process.kill()
-        with contextlib.suppress(Exception):
-            await self._client.close()
+        for client in (self._client, *self._asking):
+            with contextlib.suppress(Exception):
+                await client.close()
+        for proxy in self.proxies:
+            await proxy.close()
+
+
+def _database_url(url: str, database: str, *, port: int | None = None) -> str:
+    """`url` naming `database` (and reached on 127.0.0.1:`port`, through a proxy)."""
+    parsed = sa.engine.make_url(url).set(database=database)
+    if port is not None:
+        parsed = parsed.set(host="127.0.0.1", port=port)
+    return parsed.render_as_string(hide_password=False)
+
+
+async def _admin(url: str, statement: str) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from timeslice.orchestrator.journal import SqlJournal
+
+    engine = create_async_engine(SqlJournal(url).url, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(sa.text(statement))
+    finally:
+        await engine.dispose()
+
+
+async def _create_database(url: str, name: str) -> None:
+    await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await _admin(url, f'CREATE DATABASE "{name}"')
+
+
+async def _drop_database(url: str, name: str) -> None:
+    with contextlib.suppress(Exception):
+        await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def run_once(seed: int, settings: Settings, code: Code, keep: str = "failed") -> RunResult:
@@ -317,6 +486,7 @@ async def run_once(seed: int, settings: Settings, code: Code, keep: str = "faile
     plan = schedule.plan_faults(
         seed, duration=settings.duration, nodes=nodes, jobs=jobs, lease=settings.lease,
         min_faults=settings.min_faults, max_faults=settings.max_faults,
+        leader_lease=settings.leader_lease if settings.ha else None,
     )  # fmt: skip
     result = RunResult(seed, plan)
     root = Path(tempfile.mkdtemp(prefix=f"timeslice-faults-{seed}-"))
@@ -347,9 +517,18 @@ async def run_once(seed: int, settings: Settings, code: Code, keep: str = "faile
             job_logs={job: run.log_of(job) for job in run.jobs},
             calm_start=calm_start,
             live_jobs=tuple(run.live_jobs()),
-            orchestrator_starts=run.orchestrator.starts,
+            epochs=_epochs(run),
         )
         report = await checker.check_run(evidence, GROUP)
+        result.failovers = _failover_times(run.failovers, report.recovered, report.grants)
+        bound = settings.leader_lease + 2.0
+        for kind, _, first_grant in result.failovers:
+            if first_grant is None or first_grant > bound:
+                seen = "none" if first_grant is None else f"{first_grant:.2f} s"
+                report.violations.append(
+                    f"{kind}: the first grant of the new active came {seen} after the fault,"
+                    f" over the leader lease plus 2 s ({bound:g} s)"
+                )
         # The campaign's own waits already say when the jobs did not progress.
         result.violations = _unique([*run.violations, *report.violations])
         result.counts = report.counts
@@ -367,9 +546,39 @@ async def run_once(seed: int, settings: Settings, code: Code, keep: str = "faile
         result.seconds = time.monotonic() - began
         if keep == "always" or (keep == "failed" and result.violations):
             result.kept = str(root)
+            if settings.ha:
+                result.kept += f" (journal: database {run.database})"
         else:
             shutil.rmtree(root, ignore_errors=True)
+            if settings.ha:
+                await _drop_database(settings.postgres_url, run.database)
     return result
+
+
+def _epochs(run: Run) -> tuple[int, int]:
+    """How many epochs the journal may hold. One orchestrator: one per start. Several:
+    the first active's, one per takeover after a fault of the active, and at most one
+    per start of any candidate (a standby may also take over as the active stops)."""
+    starts = sum(c.starts for c in run.candidates)
+    if not run.settings.ha:
+        return starts, starts
+    return 1 + sum(f.took_over is not None for f in run.failovers), starts
+
+
+def _failover_times(
+    failovers: list[Failover], recovered: list[float], grants: list[float]
+) -> list[tuple[str, float | None, float | None]]:
+    """Per fault of the active: seconds from the fault to the journal's next epoch
+    (the takeover) and to the first grant decided in it (announced to its job)."""
+    times: list[tuple[str, float | None, float | None]] = []
+    for f in failovers:
+        began = next((t for t in sorted(recovered) if t >= f.struck), None)
+        if began is None:
+            times.append((f.kind, None, None))
+            continue
+        first = min((t for t in grants if t >= began), default=None)
+        times.append((f.kind, began - f.struck, None if first is None else first - f.struck))
+    return times
 
 
 async def _faults(run: Run, plan: Plan, result: RunResult) -> None:

@@ -21,6 +21,15 @@ KINDS: Final = (KILL_ORCHESTRATOR, KILL_AGENT, STOP_HOLDER, KILL_JOB)
 # How often each kind is drawn, relative to the others.
 WEIGHTS: Final = (3, 3, 3, 3)
 
+# With several orchestrators on one PostgreSQL journal, the faults of the active:
+KILL_ACTIVE: Final = "kill-active"  # SIGKILL; restarted later, as a standby
+STOP_ACTIVE: Final = "stop-active"  # SIGSTOP past the leader lease, then SIGCONT
+CUT_ACTIVE: Final = "cut-active"  # cut off from PostgreSQL, its jobs still reaching it
+ACTIVE_KINDS: Final = (KILL_ACTIVE, STOP_ACTIVE, CUT_ACTIVE)
+# Those drawn in such a run, and how often (the active's faults most).
+HA_KINDS: Final = (*ACTIVE_KINDS, KILL_AGENT, STOP_HOLDER, KILL_JOB)
+HA_WEIGHTS: Final = (4, 4, 4, 1, 1, 1)
+
 HOLDER: Final = "@holder"
 
 
@@ -61,18 +70,26 @@ def plan_faults(
     min_faults: int = 3,
     max_faults: int = 8,
     min_live_jobs: int = 2,
+    leader_lease: float | None = None,
 ) -> Plan:
     """`min_faults` to `max_faults` faults spread over `duration` seconds. A job is
     killed for good only while at least `min_live_jobs` others stay, so that the
-    group still has jobs to hand over between."""
+    group still has jobs to hand over between. With `leader_lease` (several
+    orchestrators), the faults are mostly the active's (`HA_KINDS`)."""
     rng = random.Random(seed)
     count = rng.randint(min_faults, max_faults)
     offsets = sorted(rng.uniform(0.0, duration) for _ in range(count))
     live = list(jobs)
     faults = []
+    kinds, weights = (HA_KINDS, HA_WEIGHTS) if leader_lease is not None else (KINDS, WEIGHTS)
     for at in offsets:
-        kind = rng.choices(KINDS, WEIGHTS)[0]
-        if kind == KILL_ORCHESTRATOR:
+        kind = rng.choices(kinds, weights)[0]
+        if kind in ACTIVE_KINDS:
+            assert leader_lease is not None
+            # A frozen or cut-off active stays so past its lease; a killed one
+            # stays down a while before its supervisor starts it again.
+            faults.append(Fault(at, kind, down=leader_lease + rng.uniform(0.5, 2.0)))
+        elif kind == KILL_ORCHESTRATOR:
             faults.append(Fault(at, kind, down=rng.uniform(0.1, 2.0)))
         elif kind == KILL_AGENT:
             faults.append(Fault(at, kind, rng.choice(nodes), down=rng.uniform(0.1, 2.0)))

@@ -10,7 +10,8 @@ import pytest
 from tests.faults import checker
 from tests.faults.campaign import Settings, run_once
 from tests.faults.processes import code_snapshot
-from tests.faults.schedule import KINDS, plan_faults
+from tests.faults.schedule import ACTIVE_KINDS, KINDS, plan_faults
+from tests.optional import need_postgres
 from timeslice.orchestrator import events as ev
 
 # Between them, every kind of fault (seed 13: one of each).
@@ -32,6 +33,30 @@ async def test_short_runs_under_every_kind_of_fault_find_no_violation() -> None:
             assert sum(result.faults.values()) == len(result.plan.faults)
             assert result.counts["holds confirmed"] >= 8
             assert result.counts["grants"] >= result.counts["holds confirmed"]
+
+
+# Three orchestrators on one PostgreSQL journal: seed 26 kills, stops and cuts the active.
+HA_SEED = 26
+HA = {"duration": 12.0, "min_faults": 3, "max_faults": 3, "orchestrators": 3,
+      "leader_lease": 2.0}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_short_run_of_faults_of_the_active_finds_no_violation() -> None:
+    settings = Settings(**HA, postgres_url=need_postgres())  # type: ignore[arg-type]
+    plan = plan_faults(HA_SEED, duration=settings.duration, nodes=("node-a", "node-b"),
+                       jobs=settings.job_names(), lease=settings.lease, min_faults=3,
+                       max_faults=3, leader_lease=settings.leader_lease)  # fmt: skip
+    assert {f.kind for f in plan.faults} == set(ACTIVE_KINDS)
+    with code_snapshot() as code:
+        result = await run_once(HA_SEED, settings, code, keep="failed")
+    assert result.violations == [], f"kept in {result.kept}"
+    # Each fault of the active was followed by a takeover and a grant of the new
+    # active within the leader lease plus 2 s (the run counts a later one a violation).
+    assert [kind for kind, _, _ in result.failovers] == [f.kind for f in plan.faults]
+    assert all(first is not None for _, _, first in result.failovers)
+    assert result.counts["holds confirmed"] >= 8
 
 
 # --- the checker on made-up evidence ---------------------------------------------------
@@ -107,7 +132,10 @@ def test_the_checker_finds_a_release_refused_though_journaled() -> None:
 
 
 def test_the_checker_finds_a_revoked_grant_whose_release_was_accepted() -> None:
-    rows = [*JOURNAL[:2], (3, 3.0, ev.Revoke(now=3.0, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED))]
+    rows = [
+        *JOURNAL[:2],
+        (3, 3.0, ev.Revoke(now=3.0, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED)),
+    ]
     grants = checker.fold(rows).grants
     holds = [_hold("a", 1, 1.1, 2.9)]
     report = checker.check_holds(grants, "g", holds, calm_start=0.0, live_jobs=())
@@ -134,10 +162,20 @@ def test_the_checker_finds_a_token_granted_twice_or_out_of_order() -> None:
     lease = ev.LeaseInfo(lease_id="lease", ttl=2.0, expires_at=None)
     newest = {"g": 2}
     for token, job in ((2, "c"), (1, "a"), (3, "d")):
-        effect = ev.Granted(group="g", job=job, call_id="c9", token=token, lease=lease, waited=0.0, context_restored=False)
+        effect = ev.Granted(
+            group="g",
+            job=job,
+            call_id="c9",
+            token=token,
+            lease=lease,
+            waited=0.0,
+            context_restored=False,
+        )
         checker._read_effect(folded, newest, 9, 9.0, effect)
     newest["g"] = 9
-    checker._read_effect(folded, newest, 10, 10.0, ev.SwitchStarted(group="g", job="e", token=5, previous="d"))
+    checker._read_effect(
+        folded, newest, 10, 10.0, ev.SwitchStarted(group="g", job="e", token=5, previous="d")
+    )
     assert folded.violations == [
         "event 9: token 2 of g granted to c, already b's",
         "event 9: token 1 of g granted to a again after its yield",

@@ -280,8 +280,21 @@ def orchestrator_problems(objects: list[Obj], variant: Variant) -> list[str]:
     found += probe_problems(what, template, box, ORCHESTRATOR_METRICS_PORT)
     found += security_problems(what, pod, box, "--agent-tls-ca")
     spec = deployment["spec"]
-    if (spec.get("replicas"), spec.get("strategy", {}).get("type")) != (1, "Recreate"):
-        found.append(f"{what}: not one replica replaced by Recreate")
+    if variant.overlay == "sqlite":
+        # One writer per journal file: never two pods at once, not even in a rollout.
+        if (spec.get("replicas"), spec.get("strategy", {}).get("type")) != (1, "Recreate"):
+            found.append(f"{what}: not one replica replaced by Recreate")
+    else:
+        # Candidates on one PostgreSQL journal: a standby for each loss, a lease set,
+        # and each says where it is reached (its pod's address).
+        if (spec.get("replicas") or 1) < 2:
+            found.append(f"{what}: no standby (one replica on PostgreSQL)")
+        if not (env_of(box, "TIMESLICE_LEADER_LEASE") or {}).get("value"):
+            found.append(f"{what}: no TIMESLICE_LEADER_LEASE")
+        advertise = (env_of(box, "TIMESLICE_ADVERTISE") or {}).get("value", "")
+        pod_ip = ((env_of(box, "POD_IP") or {}).get("valueFrom") or {}).get("fieldRef", {})
+        if advertise != "$(POD_IP):50051" or pod_ip.get("fieldPath") != "status.podIP":
+            found.append(f"{what}: TIMESLICE_ADVERTISE is not the pod's address")
     if pod.get("hostPID"):
         found.append(f"{what}: hostPID")
     if pod.get("serviceAccountName") != "timeslice-orchestrator":
@@ -469,6 +482,15 @@ def two_orchestrators(objects: list[Obj]) -> None:
     named(objects, "Deployment", "timeslice-orchestrator")["spec"]["replicas"] = 2
 
 
+def one_candidate(objects: list[Obj]) -> None:
+    named(objects, "Deployment", "timeslice-orchestrator")["spec"]["replicas"] = 1
+
+
+def no_advertise(objects: list[Obj]) -> None:
+    box = orchestrator_box(objects)
+    box["env"] = [e for e in box["env"] if e["name"] != "TIMESLICE_ADVERTISE"]
+
+
 def unknown_field(objects: list[Obj]) -> None:
     named(objects, "DaemonSet", "timeslice-agent")["spec"]["template"]["spec"]["hostPid"] = True
 
@@ -484,6 +506,8 @@ BROKEN: dict[str, tuple[str, Callable[[list[Obj]], None], str]] = {
     "token": ("sqlite", token_in_plain_text, "TIMESLICE_AGENT_TOKEN"),
     "claim": ("postgres", claim_without_sqlite, "PersistentVolumeClaims"),
     "replicas": ("sqlite", two_orchestrators, "one replica"),
+    "standby": ("postgres", one_candidate, "no standby"),
+    "advertise": ("postgres", no_advertise, "TIMESLICE_ADVERTISE"),
 }
 
 
@@ -551,6 +575,8 @@ def test_every_option_and_variable_is_one_the_program_reads(
                     readable |= set(env_names(param))
             for env in box.get("env") or ():
                 if env["name"].startswith("TIMESLICE_"):
-                    assert env["name"] in readable, f"{box['name']}: {env['name']} is read by nothing"
+                    assert env["name"] in readable, (
+                        f"{box['name']}: {env['name']} is read by nothing"
+                    )
             checked.add(words[1])
     assert checked == {"orchestrator", "agent"}

@@ -129,7 +129,7 @@ class Run:
         self.rng = random.Random(f"{seed}/run")
         self.database = f"timeslice_faults_{seed}_{os.getpid()}"
         self.journal_url = (
-            _database_url(settings.postgres_url, self.database)
+            database_url(settings.postgres_url, self.database)
             if settings.ha
             else f"sqlite:///{root / 'journal.db'}"
         )
@@ -191,7 +191,7 @@ class Run:
         config.write_text("\n".join(lines) + "\n")
         db, lease = self.journal_url, []
         if self.settings.ha:
-            db = _database_url(self.journal_url, self.database, port=self.proxies[i].port)
+            db = database_url(self.journal_url, self.database, port=self.proxies[i].port)
             lease = ["--leader-lease", str(self.settings.leader_lease)]
         return timeslice(
             "serve", "orchestrator", "--port", str(self.ports[i]), "--db", db,
@@ -234,7 +234,7 @@ class Run:
 
     async def start(self) -> None:
         if self.settings.ha:
-            await _create_database(self.settings.postgres_url, self.database)
+            await create_database(self.settings.postgres_url, self.database)
             target = sa.engine.make_url(self.settings.postgres_url)
             for _ in self.candidates:
                 proxy = Proxy(target.host or "127.0.0.1", target.port or 5432)
@@ -447,7 +447,7 @@ class Run:
             await proxy.close()
 
 
-def _database_url(url: str, database: str, *, port: int | None = None) -> str:
+def database_url(url: str, database: str, *, port: int | None = None) -> str:
     """`url` naming `database` (and reached on 127.0.0.1:`port`, through a proxy)."""
     parsed = sa.engine.make_url(url).set(database=database)
     if port is not None:
@@ -468,12 +468,12 @@ async def _admin(url: str, statement: str) -> None:
         await engine.dispose()
 
 
-async def _create_database(url: str, name: str) -> None:
+async def create_database(url: str, name: str) -> None:
     await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     await _admin(url, f'CREATE DATABASE "{name}"')
 
 
-async def _drop_database(url: str, name: str) -> None:
+async def drop_database(url: str, name: str) -> None:
     with contextlib.suppress(Exception):
         await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -551,7 +551,7 @@ async def run_once(seed: int, settings: Settings, code: Code, keep: str = "faile
         else:
             shutil.rmtree(root, ignore_errors=True)
             if settings.ha:
-                await _drop_database(settings.postgres_url, run.database)
+                await drop_database(settings.postgres_url, run.database)
     return result
 
 

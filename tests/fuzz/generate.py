@@ -182,7 +182,13 @@ def _switch(rng: random.Random, p: Pools) -> apb.SwitchGroupRequest:
         fencing_token=p.token(rng, group),
         timeout_ms=rng.choice((50, 200)),
         jobs=[apb.SwitchJob(job_id=j, backend_config=_backend(rng)) for j in p.jobs[:2]],
+        orchestrator_epoch=_epoch(rng),
     )
+
+
+def _epoch(rng: random.Random) -> int:
+    """An orchestrator epoch: mostly none or small, sometimes one from the far future."""
+    return rng.choice((0, 0, 1, 2, 3, 2**40, 2**64 - 1))
 
 
 def _operation(kind: type[Any]) -> Callable[[random.Random, Pools], betterproto2.Message]:
@@ -222,6 +228,7 @@ VALID: Final[dict[str, _Builder]] = {
     ),
     "TimeSliceOrchestratorService/AgentSession": _report,
     "TimeSliceOrchestratorService/ListAgents": lambda r, p: opb.ListAgentsRequest(),
+    "TimeSliceOrchestratorService/GetLeadership": lambda r, p: opb.GetLeadershipRequest(),
     "SnapshotAgentService/Snapshot": _operation(apb.SnapshotRequest),
     "SnapshotAgentService/Restore": _operation(apb.RestoreRequest),
     "SnapshotAgentService/GetOperation": lambda r, p: apb.GetOperationRequest(
@@ -230,7 +237,7 @@ VALID: Final[dict[str, _Builder]] = {
     "SnapshotAgentService/Status": lambda r, p: apb.StatusRequest(),
     "SnapshotAgentService/WorkloadChannel": _workload,
     "SnapshotAgentService/ResetJob": lambda r, p: apb.ResetJobRequest(
-        r.choice(p.jobs), r.choice(p.groups)
+        r.choice(p.jobs), r.choice(p.groups), _epoch(r)
     ),
     "SnapshotAgentService/SwitchGroup": _switch,
     "Health/Check": lambda r, p: hpb.HealthCheckRequest(r.choice(SERVICES)),

@@ -30,7 +30,7 @@ async def test_ten_thousand_hostile_requests_find_nothing() -> None:
 
 def test_every_route_of_both_services_is_fuzzed() -> None:
     names = {route.name for route in routes()}
-    assert len(names) == 21
+    assert len(names) == 22
     assert {"TimeSliceOrchestratorService/Watch", "TimeSliceOrchestratorService/AgentSession",
             "SnapshotAgentService/WorkloadChannel", "Health/Watch"} <= names  # fmt: skip
     generator = Generator(1, Pools(node="n1", agent_address="127.0.0.1:1"), routes())

@@ -24,7 +24,7 @@ from timeslice.client import (
     WatchEventKind,
     YieldResult,
 )
-from timeslice.client._transport import backoff_delays, map_errors
+from timeslice.client._transport import backoff_cap, backoff_delays, map_errors
 from timeslice.ids import Target, parse_target
 from timeslice.client.types import acquire_result, group_status, orchestrator_group_status
 from timeslice.errors import (
@@ -206,3 +206,11 @@ def test_an_acquire_result_carries_the_lease() -> None:
         )
     )
     assert result == AcquireResult(True, 12, True, 3, "l", 1500, expires)
+
+
+def test_a_client_of_several_orchestrators_retries_sooner() -> None:
+    # While standbys refuse, a takeover is under way: its new active is found soon.
+    assert backoff_cap(1) == 1.0 and backoff_cap(3) == 0.25
+    assert list(itertools.islice(backoff_delays(backoff_cap(3)), 5)) == [
+        0.05, 0.1, 0.2, 0.25, 0.25
+    ]  # fmt: skip

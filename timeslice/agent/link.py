@@ -32,7 +32,7 @@ from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.backends import AcceleratorMemory
 from timeslice.client._connector import Connector, answered
-from timeslice.client._transport import backoff_delays, in_own_task
+from timeslice.client._transport import backoff_cap, backoff_delays, in_own_task
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
 from timeslice.fencing import new_key
@@ -150,7 +150,8 @@ class OrchestratorLink:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        delays = backoff_delays()
+        cap = backoff_cap(len(self._targets))
+        delays = backoff_delays(cap)
         connector = Connector(self._targets, self.tls, self.token)
         try:
             while not self._closing.is_set():
@@ -169,7 +170,7 @@ class OrchestratorLink:
                     # there are several, or to the active a standby named.
                     connector.failed(channel, close=True, refused=answered(ended))
                 if loop.time() - began > HEALTHY_SESSION_SEC:
-                    delays = backoff_delays()
+                    delays = backoff_delays(cap)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), next(delays))
         finally:

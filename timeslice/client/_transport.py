@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 FIRST_BACKOFF_SEC = 0.05
 MAX_BACKOFF_SEC = 1.0
+FAILOVER_BACKOFF_SEC = 0.25
 
 
 def credentials(
@@ -145,12 +146,20 @@ async def own_tasks(items: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
             await in_own_task(items.aclose())
 
 
-def backoff_delays() -> Iterator[float]:
-    """Pauses between retries: 50 ms, doubling, at most 1 s."""
+def backoff_delays(cap: float = MAX_BACKOFF_SEC) -> Iterator[float]:
+    """Pauses between retries: 50 ms, doubling, at most `cap` (1 s)."""
     delay = FIRST_BACKOFF_SEC
     while True:
         yield delay
-        delay = min(delay * 2, MAX_BACKOFF_SEC)
+        delay = min(delay * 2, cap)
+
+
+def backoff_cap(candidates: int) -> float:
+    """The longest pause between retries for a client of `candidates` orchestrators:
+    with standbys, a takeover is under way while they refuse, and the new active is
+    worth finding within a quarter of a second of it; one server alone is waited for
+    as before. A refusal costs a standby next to nothing."""
+    return FAILOVER_BACKOFF_SEC if candidates > 1 else MAX_BACKOFF_SEC
 
 
 async def call_with_retry(
@@ -161,6 +170,7 @@ async def call_with_retry(
     reconnect_timeout_sec: float,
     conflict: type[ConflictError] = ConflictError,
     denied: type[TimeSliceError] = PermissionDeniedError,
+    max_backoff_sec: float = MAX_BACKOFF_SEC,
 ) -> T:
     """Runs `attempt(seconds_left)` again while the server cannot be reached.
 
@@ -173,7 +183,7 @@ async def call_with_retry(
     deadline = None if budget_sec is None else loop.time() + budget_sec
     failing_since: float | None = None
     last_error: UnavailableError | None = None
-    delays = backoff_delays()
+    delays = backoff_delays(max_backoff_sec)
     while True:
         left = None if deadline is None else deadline - loop.time()
         if left is not None and left <= 0 and last_error is not None:

@@ -31,6 +31,7 @@ from timeslice.client._connector import (
     unreachable,
 )
 from timeslice.client._transport import (
+    backoff_cap,
     backoff_delays,
     call_with_retry,
     credentials,
@@ -165,6 +166,7 @@ class AsyncTimeSliceOrchestratorClient:
         self._priority = priority
         self._call_timeout_sec = call_timeout_sec
         self._reconnect_timeout_sec = reconnect_timeout_sec
+        self._max_backoff_sec = backoff_cap(len(targets))
         # A channel given is used as it is; otherwise the connector moves along the targets.
         self._connector = (
             Connector(targets, self._tls, self._token, pings) if channel is None else None
@@ -399,7 +401,7 @@ class AsyncTimeSliceOrchestratorClient:
         what = f"Watch({group_id or '*'})"
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
-        delays = backoff_delays()
+        delays = backoff_delays(self._max_backoff_sec)
         while True:
             started = False
             channel, stub = await self._stub()
@@ -600,6 +602,7 @@ class AsyncTimeSliceOrchestratorClient:
             reconnect_timeout_sec=self._reconnect_timeout_sec,
             conflict=NotHolderError,
             denied=denied,
+            max_backoff_sec=self._max_backoff_sec,
         )
 
     async def _acquire(
@@ -629,6 +632,7 @@ class AsyncTimeSliceOrchestratorClient:
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
             conflict=NotHolderError,
+            max_backoff_sec=self._max_backoff_sec,
         )
         if more and response.success and len(response.grants) != 1 + len(more):
             await self._refuse_partial_grant(job, [group, *more], response)

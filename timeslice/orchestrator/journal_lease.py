@@ -209,7 +209,8 @@ class LeaderLease:
         self.row, self._row_at = row, asyncio.get_running_loop().time()
 
     def leadership(self) -> ld.Leadership:
-        """This candidate's standing as a status shows it."""
+        """This candidate's standing as a status shows it: an active's own lease (what
+        it still counts on by its own clock), else the row as last read."""
         now = asyncio.get_running_loop().time()
         s, row = self.standing, self.row
         if s.role is Role.ACTIVE:
@@ -217,17 +218,14 @@ class LeaderLease:
             return ld.Leadership(
                 role=s.role, epoch=s.epoch, lease=self.lease, left=left, holder=self.me
             )
-        seen = ld.Leadership(role=s.role, epoch=s.epoch, lease=self.lease)
         if row is None:
-            return seen
+            return ld.Leadership(role=s.role, epoch=s.epoch, lease=self.lease)
         left = max(0.0, row.expires_at - row.now - (now - self._row_at))
-        if s.role is Role.STEPPED_DOWN:
-            left = 0.0
         return ld.Leadership(
             role=s.role,
             epoch=max(s.epoch, row.epoch),
             lease=self.lease,
-            left=left,
+            left=0.0 if s.role is Role.STEPPED_DOWN else left,
             holder=row.holder,
         )
 

@@ -35,7 +35,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -372,6 +372,7 @@ class Run:
         if i is None:
             self.violations.append(f"{fault.kind}: no orchestrator is active")
             return f"{fault.kind}: no active"
+        before = await self._token()
         process, struck = self.candidates[i], time.time()
         if fault.kind == schedule.KILL_ACTIVE:
             await process.kill()
@@ -398,8 +399,24 @@ class Run:
         # Back once it listens (as a standby), as a supervisor's probe would say.
         if not await port_open(self.ports[i], self.settings.ready_timeout):
             self.violations.append(f"{process.name} did not listen again after {fault.kind}")
+        # The next fault only once the new active has granted: each failover is timed
+        # on its own (the journal says when; the bound is checked after the run).
+        await self.until(self._granted_above(before), lease + 10.0, f"a grant after {fault.kind}")
         after = f" -> {self.candidates[new].name}" if new is not None else ""
         return f"{fault.kind} {process.name}{after}"
+
+    async def _token(self) -> int:
+        """The group's newest fencing token, as the active says (0: no answer)."""
+        with contextlib.suppress(TimeSliceError):
+            status = await self._client.get_status(timeout_sec=2.0, lock_only=True)
+            return status.group.fencing_token
+        return 0
+
+    def _granted_above(self, token: int) -> Callable[[], Awaitable[bool]]:
+        async def granted() -> bool:
+            return await self._token() > token
+
+        return granted
 
     async def _stepped_down(self, process: Process, timeout: float, why: str) -> None:
         code = await process.wait(timeout)

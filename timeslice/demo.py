@@ -184,7 +184,7 @@ class Switches:
                     if (began := self.started.pop(token, None)) is not None:
                         self.seconds.append(notice.time - began)
                         self.bytes += moved
-                case ev.Yielded() | ev.Revoked():
+                case ev.Yielded(again=False) | ev.Revoked():
                     self.holder = ""
 
 

@@ -131,7 +131,7 @@ def _read_effect(
             grant = _decide(result, newest, seq, group, token, job, now)
             if grant.granted is None:
                 grant.granted = now
-        case ev.Yielded(group=group, token=token):
+        case ev.Yielded(group=group, token=token, again=False):
             _end(result, seq, group, token, now, "yield")
         case ev.Revoked(group=group, token=token, reason=reason):
             _end(result, seq, group, token, now, f"revoked: {reason}")

@@ -3,6 +3,7 @@ find each kind of violation when the evidence holds one."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -195,3 +196,14 @@ def test_a_plan_is_drawn_from_its_seed_alone_and_bounded() -> None:
         assert 3 <= len(faults) <= 8
         assert all(0 <= f.at <= 20.0 for f in faults)
         assert sum(not f.restart for f in faults) <= 1  # two of three jobs stay
+
+
+def test_the_checker_takes_a_retried_yield_for_one_end() -> None:
+    """A Yield retried with its request id (its answer was lost as the active went,
+    and the new active answers it again) ends its grant once."""
+    yield_a = ev.Yield(now=3.0, group="g", job="a", request_id="y-a")
+    rows = [*JOURNAL[:2], (3, 3.0, yield_a), (4, 3.5, ev.Recover(now=3.5, grace=10.0)),
+            (5, 3.6, dataclasses.replace(yield_a, now=3.6))]  # fmt: skip
+    folded = checker.fold(rows)
+    assert folded.violations == []
+    assert folded.grants[("g", 1)].end == "yield"

@@ -166,7 +166,7 @@ class OrchestratorMetrics:
             match effect:
                 case ev.Granted():
                     self._granted(effect, event.now)
-                case ev.Yielded():
+                case ev.Yielded(again=False):
                     self._ended(effect.group, effect.token, event.now)
                     self._child(self.yields, effect.group).inc()
                     if effect.snapshot_deferred:

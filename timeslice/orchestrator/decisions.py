@@ -139,7 +139,7 @@ class DecisionLog:
                     ", context restored" if effect.context_restored else "",
                     extra=fields,
                 )
-            case ev.Yielded():
+            case ev.Yielded(again=False):
                 fields = self._fields(
                     "yield",
                     effect.group,

@@ -447,7 +447,9 @@ class Superseded:
 
 @dataclass(frozen=True, kw_only=True)
 class Yielded:
-    """The answer to a `Yield`."""
+    """The answer to a `Yield`. `again`: the answer to a retry of a Yield already
+    answered (the same request id): nothing happened now, so watchers, logs,
+    metrics and timelines leave it out."""
 
     group: str
     job: str
@@ -455,6 +457,7 @@ class Yielded:
     pending_waiters: int
     snapshot_deferred: bool
     next_job: str
+    again: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -442,6 +442,8 @@ class Orchestrator:
                         f"a newer Acquire of {effect.job} on {effect.group} took this one's place"
                     )
                     self.calls.fail(effect.call_id, ConflictError(took))
+                case ev.Yielded(again=True):
+                    continue  # a retry's answer: nothing happened to tell watchers
                 case (
                     ev.Queued()
                     | ev.Yielded()

@@ -58,6 +58,7 @@ hold limits, policies, nodes and agents, `settings`'.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final
 
 from timeslice.errors import (
@@ -311,7 +312,7 @@ class LockTable:
         check_id("job_id", e.job)
         earlier = self.answered(CallKind.YIELD, e.group, e.job, e.request_id)
         if isinstance(earlier, ev.Yielded):
-            return [earlier]
+            return [dataclasses.replace(earlier, again=True)]
         h = g.holder
         if h is not None and h.job == e.job and not owned_by(h.principal, e.principal):
             raise _not_theirs(e.job, (e.group,))

@@ -576,7 +576,7 @@ class _JournalFold:
                 self.pending[group] = _Pending(token, job, t)
             case ev.Granted(group=group, job=job, token=token):
                 self._granted(event, t, effect)
-            case ev.Yielded(group=group, job=job, token=token):
+            case ev.Yielded(group=group, job=job, token=token, again=False):
                 self._end_hold(group, job, token, t, "")
             case ev.Revoked(group=group, job=job, token=token):
                 reason = effect.why

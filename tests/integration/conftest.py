@@ -6,8 +6,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from tests.optional import need_postgres
 from timeslice import Agent
+from timeslice.orchestrator.journal import SqlJournal
+
+#: The tables of a PostgreSQL journal, its leader lease's included.
+JOURNAL_TABLES = ("events", "snapshots", "journal_meta", "leader_lease")
 
 
 @pytest.fixture
@@ -16,3 +23,19 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
                      backends=("noop", "app_channel")) as running:  # fmt: skip
         yield running
         running.table.validate()
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    """The test PostgreSQL server's URL (TIMESLICE_TEST_POSTGRES_URL, see
+    `need_postgres`), its journal's tables dropped: the test starts on an empty
+    journal and no leader lease."""
+    url = need_postgres()
+    engine = create_async_engine(SqlJournal(url).url)
+    try:
+        async with engine.begin() as conn:
+            for table in JOURNAL_TABLES:
+                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+    finally:
+        await engine.dispose()
+    yield url

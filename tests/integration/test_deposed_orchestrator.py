@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +90,6 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
     writer.close()
-
-
-@pytest.fixture
-async def database() -> AsyncIterator[str]:
-    assert POSTGRES_URL is not None
-    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
-    try:
-        async with engine.begin() as conn:
-            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
-                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
-    finally:
-        await engine.dispose()
-    yield POSTGRES_URL
 
 
 async def expire_lease(url: str) -> None:

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 
 import grpclib.client
 import pytest
-import sqlalchemy as sa
 from grpclib.const import Status
 from grpclib.events import RecvTrailingMetadata, listen
 from grpclib.exceptions import GRPCError
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.integration.test_cli_ops import invoke
 from tests.waiting import until
@@ -35,19 +32,6 @@ pytestmark = [
     pytest.mark.skipif(POSTGRES_URL is None, reason="TIMESLICE_TEST_POSTGRES_URL is not set"),
 ]
 LEASE = 0.6
-
-
-@pytest.fixture
-async def database() -> AsyncIterator[str]:
-    assert POSTGRES_URL is not None
-    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
-    try:
-        async with engine.begin() as conn:
-            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
-                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
-    finally:
-        await engine.dispose()
-    yield POSTGRES_URL
 
 
 async def refusal_of(address: str) -> tuple[GRPCError, list[str]]:

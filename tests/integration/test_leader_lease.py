@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator import events as ev
@@ -27,26 +25,13 @@ LEASE = 0.6
 EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
 
 
-@pytest.fixture
-async def empty_database() -> AsyncIterator[str]:
-    assert POSTGRES_URL is not None
-    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
-    try:
-        async with engine.begin() as conn:
-            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
-                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
-    finally:
-        await engine.dispose()
-    yield POSTGRES_URL
-
-
 async def test_a_standby_takes_over_an_expired_lease_and_fences_the_deposed_writer(
-    empty_database: str,
+    database: str,
 ) -> None:
     lost: list[JournalClaimLostError] = []
     waiting: list[object] = []
-    first = SqlJournal(empty_database, leader_lease=LEASE, on_claim_lost=lost.append)
-    second = SqlJournal(empty_database, leader_lease=LEASE, on_standby=waiting.append)
+    first = SqlJournal(database, leader_lease=LEASE, on_claim_lost=lost.append)
+    second = SqlJournal(database, leader_lease=LEASE, on_standby=waiting.append)
     await first.open()
     try:
         assert first.epoch == 1
@@ -78,9 +63,9 @@ async def test_a_standby_takes_over_an_expired_lease_and_fences_the_deposed_writ
         await second.close()
 
 
-async def test_a_closed_active_lets_a_standby_take_over_at_once(empty_database: str) -> None:
-    first = SqlJournal(empty_database, leader_lease=5.0)
-    second = SqlJournal(empty_database, leader_lease=5.0)
+async def test_a_closed_active_lets_a_standby_take_over_at_once(database: str) -> None:
+    first = SqlJournal(database, leader_lease=5.0)
+    second = SqlJournal(database, leader_lease=5.0)
     await first.open()
     try:
         standby = asyncio.ensure_future(second.open())
@@ -96,12 +81,12 @@ async def test_a_closed_active_lets_a_standby_take_over_at_once(empty_database: 
         await second.close()
 
 
-async def test_candidates_started_together_on_an_empty_database_elect_one(
-    empty_database: str,
+async def test_candidates_started_together_on_an_database_elect_one(
+    database: str,
 ) -> None:
     """Three candidates create the lease table at once: one of them becomes active,
     none fails (PostgreSQL's CREATE TABLE IF NOT EXISTS races with itself)."""
-    journals = [SqlJournal(empty_database, leader_lease=LEASE) for _ in range(3)]
+    journals = [SqlJournal(database, leader_lease=LEASE) for _ in range(3)]
     opening = [asyncio.ensure_future(j.open()) for j in journals]
     try:
         done, _ = await asyncio.wait(opening, timeout=10, return_when=asyncio.FIRST_COMPLETED)
@@ -119,14 +104,14 @@ async def test_candidates_started_together_on_an_empty_database_elect_one(
 
 
 async def test_an_active_cut_off_from_the_database_steps_down_within_its_lease(
-    empty_database: str,
+    database: str,
 ) -> None:
     """A partition (a proxy that stops passing bytes, its connections left open):
     the active's renewal gets no answer, it steps down, and its close does not hang
     on the database it cannot reach."""
     from tests.faults.proxy import Proxy
 
-    url = sa.engine.make_url(empty_database)
+    url = sa.engine.make_url(database)
     proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
     await proxy.start()
     through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)

@@ -15,15 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 
 import grpclib.client
 import httpx
 import pytest
-import sqlalchemy as sa
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.metrics_scrape import free_port
 from timeslice.api.gen.grpc.health import v1 as health
@@ -39,19 +36,6 @@ pytestmark = [
 ]
 LEASE = 0.6
 Serving = health.HealthCheckResponseServingStatus
-
-
-@pytest.fixture
-async def database() -> AsyncIterator[str]:
-    assert POSTGRES_URL is not None
-    engine = create_async_engine(SqlJournal(POSTGRES_URL).url)
-    try:
-        async with engine.begin() as conn:
-            for table in ("events", "snapshots", "journal_meta", "leader_lease"):
-                await conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
-    finally:
-        await engine.dispose()
-    yield POSTGRES_URL
 
 
 def channel(address: str) -> grpclib.client.Channel:
@@ -90,6 +74,32 @@ async def role_metric(address: str | None, expected: str) -> str:
             if role == expected or time.monotonic() > deadline:
                 return role
             await asyncio.sleep(0.1)
+
+
+def serve_process(database: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`timeslice serve orchestrator` on `database` with the tests' lease, and its
+    address."""
+    port = free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "timeslice", "serve", "orchestrator", "--db", database]
+        + ["--port", str(port)],
+        env={**os.environ, "TIMESLICE_LEADER_LEASE": str(LEASE)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return child, f"127.0.0.1:{port}"
+
+
+async def until_role(child: subprocess.Popen[bytes], address: str, role: str) -> None:
+    """Wait until the orchestrator process at `address` says it is `role`."""
+    deadline = time.monotonic() + 20
+    while True:
+        assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+        with contextlib.suppress(OSError, GRPCError, TimeoutError):
+            if (await leadership_of(address)).role == role:
+                return
+        assert time.monotonic() < deadline, f"{address} did not become {role}"
+        await asyncio.sleep(0.1)
 
 
 async def acquire(address: str, group: str, job: str) -> pb.AcquireResponse:
@@ -157,29 +167,11 @@ async def test_a_standby_refuses_calls_and_takes_over_when_the_active_closes(
 async def test_an_active_frozen_past_its_lease_grants_nothing_when_it_wakes(
     database: str,
 ) -> None:
-    port = free_port()
-    env = {**os.environ, "TIMESLICE_LEADER_LEASE": str(LEASE)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "timeslice", "serve", "orchestrator", "--db", database]
-        + ["--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    address = f"127.0.0.1:{port}"
+    child, address = serve_process(database)
     standby = Orchestrator(db=database, leader_lease=LEASE)
     starting: asyncio.Future[None] | None = None
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
-            try:
-                if await health_of(address) == Serving.SERVING:
-                    break
-            except (OSError, GRPCError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, "the orchestrator did not start"
-            await asyncio.sleep(0.1)
+        await until_role(child, address, "active")
         first = await acquire(address, "g", "x")
         starting = asyncio.ensure_future(standby.start())
         await asyncio.sleep(LEASE)
@@ -272,24 +264,9 @@ async def test_a_standby_stops_cleanly_on_sigterm(database: str) -> None:
     """A supervisor stops a standby as it stops an active: SIGTERM, exit 0."""
     active = Orchestrator(db=database, leader_lease=LEASE)
     await active.start()
-    port = free_port()
-    env = {**os.environ, "TIMESLICE_LEADER_LEASE": str(LEASE)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "timeslice", "serve", "orchestrator", "--db", database]
-        + ["--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    child, address = serve_process(database)
     try:
-        deadline = time.monotonic() + 20
-        while True:  # listening, as a standby
-            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
-            with contextlib.suppress(OSError, GRPCError, TimeoutError):
-                if (await leadership_of(f"127.0.0.1:{port}")).role == "standby":
-                    break
-            assert time.monotonic() < deadline, "the standby did not start"
-            await asyncio.sleep(0.1)
+        await until_role(child, address, "standby")
         child.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(child.wait, 10) == 0
         assert active.serving  # it never took over

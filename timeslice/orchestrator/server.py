@@ -16,6 +16,7 @@ embedding programs call; `_act` says what each effect makes the shell do.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -236,11 +237,11 @@ class Orchestrator:
         """This orchestrator's standing on its journal: active (the only writer, when
         the journal has no leader lease), standby, or stepped down (stopping)."""
         lease = self._journal.lease if isinstance(self._journal, SqlJournal) else None
-        if lease is not None:
-            return lease.leadership()
-        if self._standby:
-            return Leadership(role=Role.STANDBY)
-        return Leadership(role=Role.ACTIVE if self.serving else Role.STEPPED_DOWN)
+        if lease is None:  # the only writer (a standby needs a lease)
+            return Leadership(role=Role.ACTIVE if self.serving else Role.STEPPED_DOWN)
+        if self._standby:  # a lease just taken over, the journal not folded yet: not serving
+            return dataclasses.replace(lease.leadership(), role=Role.STANDBY)
+        return lease.leadership()
 
     def _lease_held(self) -> bool:
         """False once an active's leader lease may have run out (it steps down then)."""

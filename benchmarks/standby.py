@@ -32,7 +32,6 @@ from typing import Any
 if not __package__:  # run as a script: the benchmarks are imported as a package
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import sqlalchemy as sa  # noqa: E402
 from grpclib.exceptions import GRPCError  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
@@ -49,34 +48,11 @@ from benchmarks.common import (  # noqa: E402
     run_main,
 )
 from benchmarks.handoff import measure_handoffs  # noqa: E402
+from tests.postgres import scratch_database  # noqa: E402
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb  # noqa: E402
 
 SIDES = ("alone", "with_standbys")
 STANDBYS = 2
-
-
-async def _admin(url: str, statement: str) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from timeslice.orchestrator.journal import SqlJournal
-
-    engine = create_async_engine(SqlJournal(url).url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(sa.text(statement))
-    finally:
-        await engine.dispose()
-
-
-@contextlib.asynccontextmanager
-async def database(url: str, name: str) -> Any:
-    """A fresh database `name` on `url`'s server, dropped afterwards: its URL."""
-    await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await _admin(url, f'CREATE DATABASE "{name}"')
-    try:
-        yield sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def role_of(address: str) -> str:
@@ -127,8 +103,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     latency: dict[str, list[float]] = {side: [] for side in SIDES}
     options = {"leader_lease": args.leader_lease}
     async with (
-        database(args.postgres, "timeslice_bench_alone") as alone_url,
-        database(args.postgres, "timeslice_bench_standbys") as standby_url,
+        scratch_database(args.postgres, "timeslice_bench_alone") as alone_url,
+        scratch_database(args.postgres, "timeslice_bench_standbys") as standby_url,
         ServerProcess("orchestrator", alone_url, **options) as alone,
         ServerProcess("orchestrator", standby_url, **options) as active,
         standbys(standby_url, args.leader_lease, STANDBYS),

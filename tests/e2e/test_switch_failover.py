@@ -21,8 +21,8 @@ from grpclib.exceptions import GRPCError
 from orchestrator_process import Server, connect, free_port
 from recorded_workloads import NodeRecord, RecordedWorkload
 
-from tests.faults.campaign import create_database, database_url, drop_database
 from tests.optional import need_postgres
+from tests.postgres import scratch_database
 from timeslice import Agent, AsyncTimeSliceOrchestratorClient
 from timeslice._failpoints import SWITCH_JOURNALED, SWITCH_MOVED
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
@@ -36,13 +36,8 @@ LEASE = 1.0
 
 @pytest.fixture
 async def journal() -> AsyncIterator[str]:
-    server = need_postgres()
-    name = f"timeslice_switch_failover_{os.getpid()}"
-    await create_database(server, name)
-    try:
-        yield database_url(server, name)
-    finally:
-        await drop_database(server, name)
+    async with scratch_database(need_postgres(), f"timeslice_switch_failover_{os.getpid()}") as url:
+        yield url
 
 
 async def _role(port: int) -> str:

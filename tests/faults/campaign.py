@@ -46,6 +46,7 @@ from tests.faults import checker, schedule
 from tests.faults.processes import PYTHON, Code, Process, free_port, port_open, timeslice
 from tests.faults.proxy import Proxy
 from tests.faults.schedule import Fault, Plan
+from tests.postgres import create_database, database_url, drop_database
 from timeslice.client import AsyncTimeSliceOrchestratorClient, GroupLockState
 from timeslice.errors import TimeSliceError
 
@@ -462,37 +463,6 @@ class Run:
                 await client.close()
         for proxy in self.proxies:
             await proxy.close()
-
-
-def database_url(url: str, database: str, *, port: int | None = None) -> str:
-    """`url` naming `database` (and reached on 127.0.0.1:`port`, through a proxy)."""
-    parsed = sa.engine.make_url(url).set(database=database)
-    if port is not None:
-        parsed = parsed.set(host="127.0.0.1", port=port)
-    return parsed.render_as_string(hide_password=False)
-
-
-async def _admin(url: str, statement: str) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from timeslice.orchestrator.journal import SqlJournal
-
-    engine = create_async_engine(SqlJournal(url).url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(sa.text(statement))
-    finally:
-        await engine.dispose()
-
-
-async def create_database(url: str, name: str) -> None:
-    await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await _admin(url, f'CREATE DATABASE "{name}"')
-
-
-async def drop_database(url: str, name: str) -> None:
-    with contextlib.suppress(Exception):
-        await _admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def run_once(seed: int, settings: Settings, code: Code, keep: str = "failed") -> RunResult:

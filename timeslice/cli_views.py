@@ -87,18 +87,21 @@ def status_json(
 def leadership_json(address: str, standing: Leadership | TimeSliceError) -> Json:
     """Where one orchestrator stands, as `status --json` shows it (`error`: why it
     did not say; the rest is then null)."""
-    said = standing if not isinstance(standing, TimeSliceError) else None
+    if isinstance(standing, TimeSliceError):
+        unsaid = dict.fromkeys(("role", "lease_epoch", "lease_seconds", "lease_left_seconds",
+                                "holder", "active_address", "table_epoch", "version"))  # fmt: skip
+        return {"address": address, **unsaid, "error": _failure(standing)}
     return {
         "address": address,
-        "role": said.role if said else None,
-        "lease_epoch": said.lease_epoch if said else None,
-        "lease_seconds": said.lease_sec if said else None,
-        "lease_left_seconds": said.lease_left_sec if said else None,
-        "holder": _or_none(said.holder) if said else None,
-        "active_address": _or_none(said.active_address) if said else None,
-        "table_epoch": said.table_epoch if said else None,
-        "version": said.version if said else None,
-        "error": _failure(standing) if isinstance(standing, TimeSliceError) else None,
+        "role": standing.role,
+        "lease_epoch": standing.lease_epoch,
+        "lease_seconds": standing.lease_sec,
+        "lease_left_seconds": standing.lease_left_sec,
+        "holder": _or_none(standing.holder),
+        "active_address": _or_none(standing.active_address),
+        "table_epoch": standing.table_epoch,
+        "version": standing.version,
+        "error": None,
     }
 
 

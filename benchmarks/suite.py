@@ -74,6 +74,7 @@ BENCHMARKS = (
               240, 150),
     Benchmark("secure", "handoff and cycles with TLS and tokens against the same without",
               300, 90, ("--rounds", "2")),
+    Benchmark("syscalls", "socket writes per unary call against grpclib's own (strace)", 90, 60),
     Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
               180, 60),
 )  # fmt: skip

@@ -38,6 +38,7 @@ from h2.events import RequestReceived
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
+from timeslice.api.coalesce import Coalesced
 from timeslice.errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class LimitedProtocol(H2Protocol):
         self._closed = False
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        super().connection_made(Coalesced(transport))
         h2 = self.connection._connection
         # Sent right behind grpclib's own SETTINGS; it holds once the peer acknowledges
         # it, which comes before any stream the peer opens after reading it.

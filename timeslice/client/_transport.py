@@ -8,13 +8,15 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 
+from timeslice.api.coalesce import Coalesced
 from timeslice.api.status import from_grpc_error
 from timeslice.errors import (
     ConflictError,
@@ -58,6 +60,7 @@ def open_channel(
     `config`: grpclib's (pings, the TLS server name)."""
     context = tls.context() if tls is not None and target.path is None else None
     channel = Channel(target.host, target.port, path=target.path, ssl=context, config=config)
+    _coalesce_writes(channel)
     if token:
         value = f"Bearer {token}"
 
@@ -66,6 +69,24 @@ def open_channel(
 
         listen(channel, SendRequest, add_token)
     return channel
+
+
+def _coalesce_writes(channel: Channel) -> None:
+    """Make `channel`'s connections send what they write in one turn of the event
+    loop in one write (see `timeslice.api.coalesce`)."""
+    make = channel._protocol_factory
+
+    def factory() -> H2Protocol:
+        protocol = make()
+        made = protocol.connection_made
+
+        def connection_made(transport: Any) -> None:
+            made(Coalesced(transport))
+
+        setattr(protocol, "connection_made", connection_made)  # noqa: B010 (an instance's method)
+        return protocol
+
+    setattr(channel, "_protocol_factory", factory)  # noqa: B010
 
 
 def close_channel(channel: Channel) -> None:

@@ -30,6 +30,7 @@ def loaded_by(module: str) -> set[str]:
         "timeslice.orchestrator.state",
         "timeslice.agent.state",
         "timeslice.orchestrator.events",
+        "timeslice.orchestrator.agent_views",
         "timeslice.ids",
         "timeslice.errors",
     ],

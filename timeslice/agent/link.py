@@ -4,8 +4,12 @@ One long-lived `AgentSession` stream: a report when it opens (node name, address
 groups to join, every job with its state and liveness) and another whenever what
 the orchestrator acts on changes: a job appearing or leaving, or its liveness
 (its workload channel closing, its processes exiting: each watched through a
-pidfd, so an exit is reported at once, nothing polled). Moving contexts about
-changes none of it, so a switch sends no report. A broken stream is opened again
+pidfd, so an exit is reported at once, nothing polled). A change of a job's state
+alone (a context moved) is reported too, `STATE_REPORT_DELAY` later with every
+other such change meanwhile: the orchestrator answers GetGroupStatus from the
+reports, and it has heard how each switch it asked for left the jobs already, in
+the switch's answer. Every report carries the job table's version, so that the
+orchestrator keeps the newest word whatever order they arrive in. A broken stream is opened again
 with backoff, so that a restarted orchestrator hears from every agent within
 about a second of its start. The target may list several orchestrators (an
 active and its standbys): a session refused or broken is opened on the next one,
@@ -20,7 +24,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from grpclib.client import Channel
 from grpclib.const import Cardinality
@@ -77,6 +81,8 @@ HEALTHY_SESSION_SEC = 5.0
 # How long a command with a fencing token (or orchestrator epoch) new to this
 # agent waits for the orchestrator to say whether it issued that token.
 TOKEN_CHECK_TIMEOUT_SEC = 5.0
+# How long a change of job states alone waits to be reported, with those after it.
+STATE_REPORT_DELAY = 0.05
 # How long a closing agent waits for the orchestrator to take the end of its
 # session (so that it is told the agent left, not that it was lost).
 CLOSE_TIMEOUT_SEC = 1.0
@@ -193,20 +199,28 @@ class OrchestratorLink:
             ended = asyncio.ensure_future(stream.recv_message())
             closing = asyncio.ensure_future(self._closing.wait())
             last: tuple[object, ...] | None = None
+            last_states: tuple[object, ...] | None = None
+            due: asyncio.Future[None] | None = None  # when changed states are reported
             try:
                 while True:
                     self.agent.changed.clear()
                     report = self.report()
-                    seen = _what_matters(report)
-                    if seen != last:
+                    seen, states = _what_matters(report), _states(report)
+                    if seen != last or (states != last_states and due is not None and due.done()):
                         await stream.send_message(report)
                         self.reports_sent += 1
-                        last = seen
+                        last, last_states = seen, states
+                    elif states != last_states and due is None:
+                        due = asyncio.ensure_future(asyncio.sleep(STATE_REPORT_DELAY))
+                    if due is not None and (due.done() or states == last_states):
+                        due.cancel()
+                        due = None
                     changed = asyncio.ensure_future(self.agent.changed.wait())
+                    waiting: set[asyncio.Future[Any]] = {ended, changed, closing}
+                    if due is not None:
+                        waiting.add(due)
                     try:
-                        await asyncio.wait(
-                            {ended, changed, closing}, return_when=asyncio.FIRST_COMPLETED
-                        )
+                        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                     finally:
                         changed.cancel()  # also when this task is cancelled
                     if closing.done() and not ended.done():
@@ -216,8 +230,9 @@ class OrchestratorLink:
                         ended.result()  # raises why the orchestrator ended it
                         return
             finally:
-                for waiting in (ended, closing):
-                    waiting.cancel()
+                for left in (ended, closing, due):
+                    if left is not None:
+                        left.cancel()
                 await asyncio.gather(ended, closing, return_exceptions=True)
 
     def report(self) -> opb.AgentReport:
@@ -238,6 +253,7 @@ class OrchestratorLink:
             jobs=jobs,
             accelerators=self._accelerators,
             token_key=self.token_key,
+            table_version=agent.table.version,
         )
 
     # --- processes ending -------------------------------------------------------------
@@ -263,6 +279,11 @@ class OrchestratorLink:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
+
+
+def _states(report: opb.AgentReport) -> tuple[object, ...]:
+    """Where a report says each job's context is."""
+    return tuple(sorted((j.group, j.job_id, int(j.state)) for j in report.jobs))
 
 
 def _what_matters(report: opb.AgentReport) -> tuple[object, ...]:

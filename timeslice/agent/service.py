@@ -205,6 +205,12 @@ class AgentService(pb.SnapshotAgentServiceBase):
             else pb.JobState.UNSPECIFIED,
             faulted=[job_status(job, self.agent.liveness(job)) for job in report.faulted],
             node_name=self.agent.config.node_name,
+            jobs=[
+                job_status(job, self.agent.liveness(job))
+                for job in self.agent.table.jobs.values()
+                if job.group == message.group
+            ],
+            table_version=self.agent.table.version,
         )
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:
@@ -212,7 +218,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
         state = await self.agent.reset(
             message.group, message.job_id, epoch=message.orchestrator_epoch
         )
-        return pb.ResetJobResponse(state=JOB_STATE[state])
+        return pb.ResetJobResponse(state=JOB_STATE[state], table_version=self.agent.table.version)
 
     async def workload_channel(
         self, messages: AsyncIterator[pb.WorkloadMessage]

@@ -142,10 +142,18 @@ class JobTable:
         self.max_operations = max_operations
         # Jobs the table knows at most: the whole table is saved after each change.
         self.max_jobs = max_jobs
+        # Events handled since the table was made (not saved): what the agent says of
+        # its jobs is stamped with it, so that the orchestrator keeps the newest word.
+        self.version = 0
 
     def handle(self, event: Event) -> list[Effect]:
         """Apply one event; return what the shell must do. Raises on an illegal event,
         leaving the table unchanged."""
+        effects = self._handle(event)
+        self.version += 1
+        return effects
+
+    def _handle(self, event: Event) -> list[Effect]:
         match event:
             case Register():
                 return self._register(event)

@@ -259,7 +259,9 @@ class AsyncSnapshotAgentClient:
             f"ResetJob({group}/{job_id})",
             lambda timeout: stubs.agent.reset_job(request, timeout=timeout),
         )
-        return ResetJobResponse(state=enum_name(response.state))
+        return ResetJobResponse(
+            state=enum_name(response.state), table_version=response.table_version
+        )
 
     async def switch_group(
         self,

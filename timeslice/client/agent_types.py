@@ -115,9 +115,11 @@ class StatusResponse:
 
 @dataclass(frozen=True)
 class ResetJobResponse:
-    """The answer to `reset_job()`: the job's state once its fault is cleared."""
+    """The answer to `reset_job()`: the job's state once its fault is cleared, and
+    the version of the agent's job table that says so (0: an agent too old to say)."""
 
     state: str
+    table_version: int = 0
 
 
 # --- from the wire --------------------------------------------------------------------

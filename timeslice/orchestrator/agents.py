@@ -4,8 +4,14 @@ A group names the nodes it spans (configured, set through `SetGroupNodes`, or
 joined by agents when they register). `GetGroupStatus` reports what each agent
 says of the group's jobs, and the group as STATE_UNKNOWN when one of them cannot
 be reached. Agents that keep a session with the orchestrator report their jobs'
-liveness (workload channel open, processes running), kept here in memory: a
-restarted orchestrator hears it again as soon as they reconnect.
+states and liveness (workload channel open, processes running), kept here in
+memory: a restarted orchestrator hears it again as soon as they reconnect.
+
+`GetGroupStatus` is answered from those reports and from the agents' answers to
+the switches and resets the orchestrator sent them (`NodeView`), so that however
+often it is asked no agent is asked anything. Only an agent without a session (a
+node named by its address whose agent does not report) is asked its Status, with
+at most one question in flight to it, shared by every caller meanwhile.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.client.agent import AsyncSnapshotAgentClient
-from timeslice.client.agent_types import StatusResponse
+from timeslice.client.agent_types import StatusResponse, enum_name
 from timeslice.errors import ConflictError, InvalidArgumentError, NotFoundError
 from timeslice.ids import parse_target
 from timeslice.kinds import Liveness
+from timeslice.orchestrator.agent_views import NodeView
 from timeslice.orchestrator.decisions import agent_joined, agent_lost
 from timeslice.security.tls import ClientTls
 
@@ -74,6 +82,7 @@ class AgentDirectory:
         self.accelerators: dict[str, dict[str, int]] = {}
         self._liveness: dict[str, dict[tuple[str, str], Liveness]] = {}
         self._sessions: dict[str, object] = {}
+        self._views: dict[str, NodeView] = {}  # node name -> its jobs' states
         # Node name -> the key its agent checks the tokens of switches with.
         self._token_keys: dict[str, bytes] = {}
         self._arrived = asyncio.Event()
@@ -86,11 +95,17 @@ class AgentDirectory:
         liveness: dict[tuple[str, str], Liveness],
         accelerators: dict[str, int],
         token_key: bytes = b"",
+        states: tuple[int, list[tuple[str, str, str]]] | None = None,
     ) -> None:
         """An agent in `session` reported its jobs (and its accelerators: id -> bytes,
-        and the key it checks the tokens of switches with)."""
+        the key it checks the tokens of switches with, and `states`: its job table's
+        version and (group, job, state) of every job)."""
         if self._sessions.get(node) is not session or self.addresses.get(node) != address:
             agent_joined(node, address)
+        if self._sessions.get(node) is not session:
+            self._views[node] = NodeView()
+        if states is not None:
+            self._views[node].report(*states)
         self._sessions[node] = session
         self._token_keys[node] = token_key
         self.addresses[node] = address
@@ -107,11 +122,26 @@ class AgentDirectory:
             agent_lost(node, self.addresses.pop(node, ""), closed)
             self.accelerators.pop(node, None)
             self._liveness.pop(node, None)
+            self._views.pop(node, None)
             self._token_keys.pop(node, None)
 
     def in_session(self, node: str) -> bool:
         """Whether the agent of `node` keeps a session with the orchestrator now."""
         return node in self._sessions
+
+    def switched(self, group: str, answer: apb.SwitchGroupResponse) -> None:
+        """An agent answered a switch of `group`: what it says of the group's jobs."""
+        view = self._views.get(answer.node_name)
+        if view is not None and answer.table_version:
+            states = [(j.job_id, state_name(j.state)) for j in answer.jobs]
+            view.group(group, answer.table_version, states)
+
+    def _view_at(self, address: str) -> tuple[str, NodeView] | None:
+        """The node name and view of the agent in session at `address` (or so named)."""
+        for name, at in self.addresses.items():
+            if (at == address or name == address) and (view := self._views.get(name)):
+                return name, view
+        return None
 
     async def statuses(self, addresses: Sequence[str]) -> dict[str, StatusResponse | Exception]:
         """Every agent's answer to Status now (or why it gave none), by address."""
@@ -138,7 +168,10 @@ class AgentDirectory:
 
         async def reset_one(address: str) -> None:
             try:
-                await self.client(address).reset_job(job, group, orchestrator_epoch=epoch)
+                answer = await self.client(address).reset_job(job, group, orchestrator_epoch=epoch)
+                if answer.table_version and (seen := self._view_at(address)):
+                    state = answer.state.removeprefix("JOB_STATE_")
+                    seen[1].job((group, job), answer.table_version, state)
             except NotFoundError:
                 pass  # not known there
             except ConflictError as exc:  # not faulted there, or a newer epoch has taken over
@@ -223,10 +256,18 @@ class AgentDirectory:
     async def job_states(
         self, group: str, addresses: Sequence[str]
     ) -> tuple[list[AgentJobView], bool]:
-        """What every agent says of `group`'s jobs, and whether every agent answered."""
-        answers = await asyncio.gather(*(self.status(a) for a in addresses), return_exceptions=True)
+        """What every agent says of `group`'s jobs, and whether every agent answered:
+        from its session for an agent in session, else from its answer to Status."""
         views: list[AgentJobView] = []
-        for address, answer in zip(addresses, answers, strict=True):
+        asked = []
+        for address in addresses:
+            if (seen := self._view_at(address)) is not None:
+                name, view = seen
+                views += [AgentJobView(agent=name, job=j, state=s) for j, s in view.states(group)]
+            else:
+                asked.append(address)
+        answers = await asyncio.gather(*(self.status(a) for a in asked), return_exceptions=True)
+        for address, answer in zip(asked, answers, strict=True):
             if isinstance(answer, StatusResponse):
                 agent = answer.node_name or address
                 views += [
@@ -243,3 +284,8 @@ class AgentDirectory:
             asking.cancel()
         clients, self._clients = self._clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+
+
+def state_name(state: apb.JobState) -> str:
+    """A job state as `AgentJobView` names it ("SAVED", ...)."""
+    return enum_name(state).removeprefix("JOB_STATE_")

@@ -184,6 +184,7 @@ class HandoffDriver:
             return NodeResult(
                 node=node, error=f"agent {address}: {exc.message or type(exc).__name__}"
             )
+        self.agents.switched(switch.group, answer)
         return _node_result(node, switch.job, answer, revoked, self._revoked_limit())
 
     def _revoked_limit(self) -> float | None:

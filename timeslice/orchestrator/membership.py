@@ -40,10 +40,12 @@ class Membership:
         liveness: dict[tuple[str, str], Liveness],
         accelerators: dict[str, int] | None = None,
         token_key: bytes = b"",
+        states: tuple[int, list[tuple[str, str, str]]] | None = None,
     ) -> None:
         """An agent in session reported: register it (journaled when new), join the
         groups it names, and tell the table what it sees of each holder's workload.
-        `token_key`: what the switches sent to it prove their tokens with."""
+        `token_key`: what the switches sent to it prove their tokens with; `states`:
+        its job table's version and (group, job, state) of every job."""
         check_node(node)
         parse_target(address)
         if token_key and len(token_key) != KEY_BYTES:
@@ -56,7 +58,9 @@ class Membership:
             known = table.nodes.get(group, ())
             if node not in known:
                 apply(ev.SetGroupNodes(now=now, group=group, nodes=(*known, node)))
-        self._agents.reported(session, node, address, liveness, accelerators or {}, token_key)
+        self._agents.reported(
+            session, node, address, liveness, accelerators or {}, token_key, states
+        )
         for group, nodes in table.nodes.items():
             if node in nodes or address in nodes:
                 self.check_holder(group)

@@ -45,7 +45,7 @@ from timeslice.errors import (
 from timeslice.ids import check_id
 from timeslice.kinds import Liveness
 from timeslice.orchestrator import events as ev
-from timeslice.orchestrator.agents import AgentDirectory
+from timeslice.orchestrator.agents import AgentDirectory, state_name
 from timeslice.orchestrator.config import OrchestratorConfig
 from timeslice.orchestrator.events import Effect
 from timeslice.orchestrator.leadership import Leadership
@@ -377,6 +377,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                     liveness,
                     accelerators,
                     report.token_key,
+                    (report.table_version, _job_states(report)),
                 )
                 node = report.node_name
             closed = True
@@ -536,6 +537,11 @@ class _GroupEvent(Encoded):
 
 
 _Sees = Callable[[str], bool]
+
+
+def _job_states(report: pb.AgentReport) -> list[tuple[str, str, str]]:
+    """(group, job, state) of every job an agent reports ("SAVED", ...)."""
+    return [(j.group, j.job_id, state_name(j.state)) for j in report.jobs]
 
 
 def _groups_seen(caller: Caller) -> _Sees | None:

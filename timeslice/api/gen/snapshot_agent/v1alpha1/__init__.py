@@ -646,6 +646,12 @@ class ResetJobResponse(betterproto2.Message):
         1, betterproto2.TYPE_ENUM, default_factory=lambda: JobState(0)
     )
 
+    table_version: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    The version of the agent's job table this answer reflects (see
+    AgentReport.table_version).
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "ResetJobResponse", ResetJobResponse
@@ -875,6 +881,17 @@ class SwitchGroupResponse(betterproto2.Message):
     """
 
     node_name: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+
+    jobs: "list[JobStatus]" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Every job of the group on this node as the switch leaves it, and the version
+    of the agent's job table that says so (see AgentReport.table_version): the
+    orchestrator answers GetGroupStatus from them without asking again.
+    """
+
+    table_version: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
 
 
 default_message_pool.register_message(

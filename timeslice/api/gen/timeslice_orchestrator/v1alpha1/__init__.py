@@ -334,6 +334,14 @@ class AgentReport(betterproto2.Message):
     the fencing tokens of its SwitchGroup requests are its own (token_proof).
     """
 
+    table_version: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    How many changes the agent's job table has seen since the agent started: a
+    report, a SwitchGroup answer and a ResetJob answer each say which version
+    they reflect, and the orchestrator keeps, job by job, the newest it heard
+    in this session. The agent reports again when a job's state changes too.
+    """
+
 
 default_message_pool.register_message(
     "timeslice_orchestrator.v1alpha1", "AgentReport", AgentReport

@@ -87,7 +87,15 @@ class Harness:
         claims: tuple[str, ...] = (),
         state: JobState = JobState.RUNNING,
     ) -> None:
-        event = Register(now=now, group=group, job=job, backend=backend, config=config or {}, claims=claims, state=state)
+        event = Register(
+            now=now,
+            group=group,
+            job=job,
+            backend=backend,
+            config=config or {},
+            claims=claims,
+            state=state,
+        )
         assert self.handle(event) == []
 
     def start(
@@ -147,17 +155,33 @@ def t() -> Iterator[Harness]:
 def test_register_makes_a_job_running_or_saved(t: Harness, state: JobState) -> None:
     t.register("a", now=3.0, config={"pid": 7}, claims=("pid:7",), state=state)
     assert t.table.jobs == {
-        ("g", "a"): Job(group="g", job="a", backend="noop", config={"pid": 7}, claims=["pid:7"], state=state, since=3.0, fault="", operation="")
+        ("g", "a"): Job(
+            group="g",
+            job="a",
+            backend="noop",
+            config={"pid": 7},
+            claims=["pid:7"],
+            state=state,
+            since=3.0,
+            fault="",
+            operation="",
+        )
     }
     assert t.table.operations == {}
 
 
 @pytest.mark.parametrize("state", [JobState.IDLE, JobState.TRANSITIONING, JobState.FAULTED])
 def test_register_in_any_other_state_is_refused(t: Harness, state: JobState) -> None:
-    error = t.refuse(Register(now=0, group="g", job="a", backend="noop", config={}, claims=(), state=state), InvalidArgumentError)
+    error = t.refuse(
+        Register(now=0, group="g", job="a", backend="noop", config={}, claims=(), state=state),
+        InvalidArgumentError,
+    )
     assert state.value in error.message
     t.register("b")
-    t.refuse(Register(now=0, group="g", job="b", backend="noop", config={}, claims=(), state=state), InvalidArgumentError)
+    t.refuse(
+        Register(now=0, group="g", job="b", backend="noop", config={}, claims=(), state=state),
+        InvalidArgumentError,
+    )
 
 
 def test_register_copies_its_config(t: Harness) -> None:
@@ -212,13 +236,21 @@ def test_registering_again_during_an_operation_is_refused(t: Harness) -> None:
     t.register()
     op = t.snapshot()
     for state in (JobState.RUNNING, JobState.SAVED):
-        error = t.refuse(Register(now=1, group="g", job="a", backend="noop", config={}, claims=(), state=state), ConflictError)
+        error = t.refuse(
+            Register(now=1, group="g", job="a", backend="noop", config={}, claims=(), state=state),
+            ConflictError,
+        )
         assert op in error.message
 
 
 def test_registering_again_with_another_backend_is_refused(t: Harness) -> None:
     t.register(backend="noop")
-    error = t.refuse(Register(now=1, group="g", job="a", backend="cuda", config={}, claims=(), state=JobState.RUNNING), ConflictError)
+    error = t.refuse(
+        Register(
+            now=1, group="g", job="a", backend="cuda", config={}, claims=(), state=JobState.RUNNING
+        ),
+        ConflictError,
+    )
     assert "noop" in error.message and "cuda" in error.message
 
 
@@ -233,11 +265,25 @@ def test_the_same_job_in_another_group_is_another_job(t: Harness) -> None:
 
 def test_a_claim_belongs_to_one_job_only(t: Harness) -> None:
     t.register("a", claims=("pid:1", "gpu:0"))
-    error = t.refuse(Register(now=0, group="g", job="b", backend="noop", config={}, claims=("pid:2", "pid:1")), AlreadyExistsError)
+    error = t.refuse(
+        Register(now=0, group="g", job="b", backend="noop", config={}, claims=("pid:2", "pid:1")),
+        AlreadyExistsError,
+    )
     assert "pid:1" in error.message and "a" in error.message
-    t.refuse(Register(now=0, group="other", job="b", backend="noop", config={}, claims=("gpu:0",)), AlreadyExistsError)
     t.refuse(
-        Start(now=0, kind=SNAPSHOT, group="g", job="c", timeout=10.0, backend="noop", claims=("pid:1",)),
+        Register(now=0, group="other", job="b", backend="noop", config={}, claims=("gpu:0",)),
+        AlreadyExistsError,
+    )
+    t.refuse(
+        Start(
+            now=0,
+            kind=SNAPSHOT,
+            group="g",
+            job="c",
+            timeout=10.0,
+            backend="noop",
+            claims=("pid:1",),
+        ),
         AlreadyExistsError,
     )
     t.register("b", claims=("pid:2",))
@@ -263,12 +309,21 @@ def test_a_claim_named_twice_in_one_event_is_held_once(t: Harness) -> None:
 
 def test_a_snapshot_of_a_running_job_starts_an_operation(t: Harness) -> None:
     t.register(backend="noop")
-    effects = t.handle(Start(now=2.0, kind=SNAPSHOT, group="g", job="a", timeout=30.0, params={"mode": "full"}))
+    effects = t.handle(
+        Start(now=2.0, kind=SNAPSHOT, group="g", job="a", timeout=30.0, params={"mode": "full"})
+    )
     assert effects == [Run(op_id="op-1")]
     job = t.job()
     assert (job.state, job.operation, job.since) == (JobState.TRANSITIONING, "op-1", 2.0)
     assert t.op("op-1") == Operation(
-        op_id="op-1", kind=SNAPSHOT, group="g", job="a", backend="noop", params={"mode": "full"}, started=2.0, deadline=32.0
+        op_id="op-1",
+        kind=SNAPSHOT,
+        group="g",
+        job="a",
+        backend="noop",
+        params={"mode": "full"},
+        started=2.0,
+        deadline=32.0,
     )
     assert t.table.next_deadline() == 32.0
 
@@ -347,7 +402,9 @@ def test_a_snapshot_of_an_unknown_job_with_a_backend_creates_it(t: Harness) -> N
 
 
 def test_a_restore_of_an_unknown_job_is_refused(t: Harness) -> None:
-    t.refuse(Start(now=0, kind=RESTORE, group="g", job="a", timeout=10.0, backend="noop"), NotFoundError)
+    t.refuse(
+        Start(now=0, kind=RESTORE, group="g", job="a", timeout=10.0, backend="noop"), NotFoundError
+    )
     t.refuse(Start(now=0, kind=RESTORE, group="g", job="a", timeout=10.0), NotFoundError)
 
 
@@ -359,7 +416,9 @@ def test_a_snapshot_of_an_unknown_job_without_a_backend_is_refused(t: Harness) -
 
 def test_start_naming_another_backend_is_refused(t: Harness) -> None:
     t.register(backend="noop")
-    error = t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=10.0, backend="cuda"), ConflictError)
+    error = t.refuse(
+        Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=10.0, backend="cuda"), ConflictError
+    )
     assert "noop" in error.message and "cuda" in error.message
     t.snapshot(backend="noop")
 
@@ -373,7 +432,10 @@ def test_an_unknown_operation_kind_is_refused(t: Harness) -> None:
 def test_a_timeout_must_be_positive(t: Harness, timeout: float) -> None:
     t.register()
     t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="a", timeout=timeout), InvalidArgumentError)
-    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job="b", timeout=timeout, backend="noop"), InvalidArgumentError)
+    t.refuse(
+        Start(now=0, kind=SNAPSHOT, group="g", job="b", timeout=timeout, backend="noop"),
+        InvalidArgumentError,
+    )
 
 
 # --- jobs registered without a group --------------------------------------------------
@@ -407,7 +469,9 @@ def test_fencing_tokens_of_a_group_only_grow(t: Harness) -> None:
     t.register()
     t.finish(t.snapshot(token=5))
     assert t.table.tokens == {"g": 5}
-    error = t.refuse(Start(now=1, kind=RESTORE, group="g", job="a", timeout=10.0, token=4), LeaseLostError)
+    error = t.refuse(
+        Start(now=1, kind=RESTORE, group="g", job="a", timeout=10.0, token=4), LeaseLostError
+    )
     assert "4" in error.message and "5" in error.message
     t.finish(t.restore(token=5))  # the same grant may act again
     t.finish(t.snapshot(token=8))
@@ -427,7 +491,10 @@ def test_fencing_tokens_are_kept_per_group(t: Harness) -> None:
 def test_a_stale_token_is_refused_even_for_a_new_job(t: Harness) -> None:
     t.register()
     t.snapshot(token=3)
-    t.refuse(Start(now=1, kind=SNAPSHOT, group="g", job="b", timeout=10.0, token=2, backend="noop"), LeaseLostError)
+    t.refuse(
+        Start(now=1, kind=SNAPSHOT, group="g", job="b", timeout=10.0, token=2, backend="noop"),
+        LeaseLostError,
+    )
     assert ("g", "b") not in t.table.jobs
 
 
@@ -458,7 +525,9 @@ def test_tokens_of_a_group_without_a_name_are_kept_apart(t: Harness) -> None:
 def test_a_finished_snapshot_saves_the_job(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    effects = t.handle(Finish(now=3.0, op_id=op, ok=True, storage_bytes=1 << 30, device_bytes=2 << 30))
+    effects = t.handle(
+        Finish(now=3.0, op_id=op, ok=True, storage_bytes=1 << 30, device_bytes=2 << 30)
+    )
     assert effects == [Done(op_id=op)]
     assert (t.state(), t.job().since, t.job().operation) == (JobState.SAVED, 3.0, op)
     o = t.op(op)
@@ -535,7 +604,10 @@ def test_every_operation_past_its_deadline_is_cancelled_before_any_is_done(
     later = t.snapshot("c", timeout=50.0)
     effects = t.handle(Tick(now=5.0))
     assert sorted(map(repr, effects)) == sorted(
-        map(repr, [Cancel(op_id=ops[0]), Cancel(op_id=ops[1]), Done(op_id=ops[0]), Done(op_id=ops[1])])
+        map(
+            repr,
+            [Cancel(op_id=ops[0]), Cancel(op_id=ops[1]), Done(op_id=ops[0]), Done(op_id=ops[1])],
+        )
     )
     kinds = [type(e) for e in effects]
     assert kinds == [Cancel, Cancel, Done, Done]
@@ -566,8 +638,22 @@ def test_no_new_job_over_the_tables_limit() -> None:
     t = Harness(JobTable(max_jobs=2))
     t.register("a")
     t.snapshot("b", backend="noop", config={})
-    t.refuse(Register(now=0.0, group="g", job="c", backend="noop", config={}, claims=(), state=JobState.RUNNING), ResourceExhaustedError)
-    t.refuse(Start(now=0.0, kind=SNAPSHOT, group="g", job="c", timeout=10.0, backend="noop"), ResourceExhaustedError)
+    t.refuse(
+        Register(
+            now=0.0,
+            group="g",
+            job="c",
+            backend="noop",
+            config={},
+            claims=(),
+            state=JobState.RUNNING,
+        ),
+        ResourceExhaustedError,
+    )
+    t.refuse(
+        Start(now=0.0, kind=SNAPSHOT, group="g", job="c", timeout=10.0, backend="noop"),
+        ResourceExhaustedError,
+    )
     t.register("a", now=1.0)  # a known job registers again whatever the limit
     assert JobTable.from_dict(t.table.to_dict(), max_jobs=1).jobs.keys() == t.table.jobs.keys()
 
@@ -656,7 +742,10 @@ def test_a_lost_workload_without_a_reason_is_still_faulted_with_one(t: Harness) 
 def test_a_workload_lost_during_an_operation_fails_the_operation(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    assert t.handle(Lost(now=2.0, group="g", job="a", reason="channel closed")) == [Cancel(op_id=op), Done(op_id=op)]
+    assert t.handle(Lost(now=2.0, group="g", job="a", reason="channel closed")) == [
+        Cancel(op_id=op),
+        Done(op_id=op),
+    ]
     job = t.job()
     assert job.state is JobState.FAULTED and op in job.fault and "channel closed" in job.fault
     assert (t.op(op).status, t.op(op).finished) == (OpStatus.FAILED, 2.0)
@@ -680,7 +769,10 @@ def test_a_workload_that_says_goodbye_is_forgotten(t: Harness) -> None:
 def test_forgetting_a_job_in_an_operation_fails_the_operation_instead(t: Harness) -> None:
     t.register()
     op = t.snapshot(now=1.0)
-    assert t.handle(Forget(now=2.0, group="g", job="a", reason="deregistered")) == [Cancel(op_id=op), Done(op_id=op)]
+    assert t.handle(Forget(now=2.0, group="g", job="a", reason="deregistered")) == [
+        Cancel(op_id=op),
+        Done(op_id=op),
+    ]
     assert t.state() is JobState.FAULTED and t.op(op).status is OpStatus.FAILED
 
 
@@ -824,10 +916,17 @@ BAD_IDS = ["", "x" * 257, "é" * 129, "a\nb", "a\x00b", "tab\there", "\x7f"]
 def test_invalid_ids_are_refused(t: Harness, bad: str) -> None:
     t.register()
     t.refuse(Register(now=0, group="g", job=bad, backend="noop", config={}), InvalidArgumentError)
-    t.refuse(Start(now=0, kind=SNAPSHOT, group="g", job=bad, timeout=10.0, backend="noop"), InvalidArgumentError)
+    t.refuse(
+        Start(now=0, kind=SNAPSHOT, group="g", job=bad, timeout=10.0, backend="noop"),
+        InvalidArgumentError,
+    )
     if bad:  # an empty group means any group
-        t.refuse(Register(now=0, group=bad, job="a", backend="noop", config={}), InvalidArgumentError)
-        t.refuse(Start(now=0, kind=SNAPSHOT, group=bad, job="a", timeout=10.0), InvalidArgumentError)
+        t.refuse(
+            Register(now=0, group=bad, job="a", backend="noop", config={}), InvalidArgumentError
+        )
+        t.refuse(
+            Start(now=0, kind=SNAPSHOT, group=bad, job="a", timeout=10.0), InvalidArgumentError
+        )
 
 
 @pytest.mark.parametrize("good", ["x" * 256, "é" * 128, "jöb 🚀", "a.b-c_d:e/f"])
@@ -872,7 +971,9 @@ FOLLOW_UP: list[Event] = [
     Reset(now=11.0, group="g2", job="faulted"),
     Reconciled(now=12.0, group="g2", job="faulted", state=JobState.SAVED),
     Reconciled(now=12.0, group="g1", job="saved", state=JobState.SAVED),
-    Start(now=12.5, kind=RESTORE, group="g1", job="saved", timeout=1.0, token=1),  # stale: refused by both
+    Start(
+        now=12.5, kind=RESTORE, group="g1", job="saved", timeout=1.0, token=1
+    ),  # stale: refused by both
     Reset(now=12.5, group="g1", job="running"),  # not faulted: refused by both
     Start(now=13.0, kind=RESTORE, group="g1", job="saved", timeout=1.0, token=6),
     Lost(now=13.5, group="g1", job="running", reason="gone"),
@@ -943,3 +1044,32 @@ def test_a_limited_copy_keeps_every_pending_and_the_newest_finished_operations(
     restored.validate()
     assert restored.to_dict() == t.table.to_dict(finished=2)
     assert [o["op_id"] for o in t.table.to_dict(finished=0)["operations"]] == ["op-1"]
+
+
+def test_the_saved_text_is_the_limited_copy_and_encodes_each_finished_operation_once(
+    t: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import timeslice.agent.state as state_module
+
+    encoded: list[str] = []
+    op_dict = state_module._op_dict
+
+    def counted(op: Operation) -> dict[str, Any]:
+        encoded.append(op.op_id)
+        return op_dict(op)
+
+    monkeypatch.setattr(state_module, "_op_dict", counted)
+    t.register("a", config={"nested": {"x": 1}}, claims=("pid:1",))
+    t.register("b")
+    t.snapshot("b", now=0.0, timeout=100.0)  # pending throughout
+    for i in range(4):
+        op = t.snapshot("a", now=float(i)) if i % 2 == 0 else t.restore("a", now=float(i))
+        t.handle(Finish(now=float(i), op_id=op, ok=True))
+        text = t.table.encode(finished=2)
+        expected = json.loads(json.dumps(t.table.to_dict(finished=2)))
+        assert json.loads(text) == expected
+        restored = JobTable.from_dict(json.loads(text))
+        restored.validate()
+    encoded.clear()
+    t.table.encode(finished=2)
+    assert encoded == ["op-1"]  # the pending one only: the finished ones are kept as text

@@ -287,12 +287,11 @@ async def test_an_agents_full_disk_says_so(tmp_path: Path) -> None:
     await store.open()
     try:
         await store.save({"epoch": 1})
-        assert store._engine is not None
-        with store._engine.connect() as conn:  # the pool's one connection, saves use it
-            raw = conn.connection.dbapi_connection
-            assert raw is not None
-            pages = raw.execute("PRAGMA page_count").fetchone()[0]
-            raw.execute(f"PRAGMA max_page_count = {pages}")
+        assert store._writer is not None  # the connection the saves are written on
+        raw = store._writer.connection.dbapi_connection
+        assert raw is not None
+        pages = raw.execute("PRAGMA page_count").fetchone()[0]
+        raw.execute(f"PRAGMA max_page_count = {pages}")
         with pytest.raises(JournalError, match=r"job table .*: the disk is full"):
             await store.save({"epoch": 2, "pad": "x" * 200_000})
         assert await store.load() == {"epoch": 1}

@@ -117,7 +117,7 @@ class AgentEngine:
                 effects, self._effects = self._effects, []
                 self._writing = asyncio.gather(*waiting, return_exceptions=True)
                 try:
-                    await self._store.save(self.table.to_dict(finished=SAVED_OPERATIONS))
+                    await self._store.save(self.table.encode(finished=SAVED_OPERATIONS))
                 except Exception as exc:
                     log.error("saving the job table failed: %s", exc)
                     error = UnavailableError(f"the agent could not save its job table: {exc}")

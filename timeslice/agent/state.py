@@ -44,6 +44,7 @@ resources a job claims (its processes, say) belong to one job only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from copy import deepcopy
 from itertools import islice
@@ -145,6 +146,8 @@ class JobTable:
         # Events handled since the table was made (not saved): what the agent says of
         # its jobs is stamped with it, so that the orchestrator keeps the newest word.
         self.version = 0
+        # Finished operations' JSON text, by id, as the last `encode` wrote them.
+        self._encoded: dict[str, str] = {}
 
     def handle(self, event: Event) -> list[Effect]:
         """Apply one event; return what the shell must do. Raises on an illegal event,
@@ -518,30 +521,41 @@ class JobTable:
     def to_dict(self, finished: int | None = None) -> dict[str, Any]:
         """A JSON-ready copy of the table; with `finished`, of only that many of the
         most recently finished operations (and every pending one)."""
-        ops: Iterable[Operation] = self.operations.values()
-        if finished is not None:
-            recent = [self.operations[i] for i in islice(reversed(self._finished), finished)]
-            chosen = {op.op_id: op for op in [*recent, *self._pending()]}
-            ops = sorted(chosen.values(), key=_number)  # ids are numbered in start order
         return {
-            "jobs": [
-                {
-                    **vars(j),
-                    "state": j.state.value,
-                    "config": deepcopy(j.config),
-                    "claims": list(j.claims),
-                    "owner": j.owner,
-                }
-                for j in self.jobs.values()
-            ],
-            "operations": [
-                {**vars(o), "status": o.status.value, "params": deepcopy(o.params)} for o in ops
-            ],
+            "jobs": [deepcopy(_job_dict(j)) for j in self.jobs.values()],
+            "operations": [deepcopy(_op_dict(o)) for o in self._kept(finished)],
             "tokens": dict(self.tokens),
             "next_op": self.next_op,
             "epoch": self.epoch,
             "orchestrator_epoch": self.orchestrator_epoch,
         }
+
+    def encode(self, finished: int) -> str:
+        """`to_dict(finished)` as compact JSON text: what a save writes. A finished
+        operation never changes again, so each is encoded once and its text reused
+        by every later save that keeps it."""
+        encoded: dict[str, str] = {}
+        parts = []
+        for op in self._kept(finished):
+            text = self._encoded.get(op.op_id) or _dumps(_op_dict(op))
+            if op.status is not OpStatus.PENDING:
+                encoded[op.op_id] = text
+            parts.append(text)
+        self._encoded = encoded
+        jobs = _dumps([_job_dict(j) for j in self.jobs.values()])
+        return (
+            f'{{"jobs":{jobs},"operations":[{",".join(parts)}],"tokens":{_dumps(self.tokens)},'
+            f'"next_op":{self.next_op},"epoch":{self.epoch},'
+            f'"orchestrator_epoch":{self.orchestrator_epoch}}}'
+        )
+
+    def _kept(self, finished: int | None) -> Iterable[Operation]:
+        """The operations a copy of the table keeps (see `to_dict`)."""
+        if finished is None:
+            return self.operations.values()
+        recent = [self.operations[i] for i in islice(reversed(self._finished), finished)]
+        chosen = {op.op_id: op for op in [*recent, *self._pending()]}
+        return sorted(chosen.values(), key=_number)  # ids are numbered in start order
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **options: Any) -> JobTable:
@@ -562,6 +576,18 @@ class JobTable:
         # A table saved before orchestrator epochs were kept has seen none.
         table.orchestrator_epoch = int(data.get("orchestrator_epoch", 0))
         return table
+
+
+def _job_dict(job: Job) -> dict[str, Any]:
+    return {**vars(job), "state": job.state.value, "claims": list(job.claims)}
+
+
+def _op_dict(op: Operation) -> dict[str, Any]:
+    return {**vars(op), "status": op.status.value}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _number(op: Operation) -> int:

@@ -9,8 +9,10 @@ commits back, and a power loss also ends every process whose context the table
 describes: the table that matters after a reboot is an empty one.
 
 Such a commit is an append to the WAL file (tens of microseconds), so `save`
-writes on the event loop's own thread: handing it to a worker thread and back
-cost more than the write, three times in every switch. Opening, loading and
+writes on the event loop's own thread, on one connection kept for it: handing it
+to a worker thread and back cost more than the write, three times in every
+switch. The document comes as text (`JobTable.encode`, which encodes each
+finished operation once). Opening, loading and
 closing, which may wait for the disk, run in the worker thread.
 
 The file is the orchestrator journal's kind: created readable by its owner only,
@@ -65,6 +67,7 @@ class StateStore:
         self.label = url or "memory"  # the file, once open
         self._memory: str | None = None
         self._engine: sa.Engine | None = None
+        self._writer: sa.Connection | None = None  # opened by the first save
         self._executor: ThreadPoolExecutor | None = None
 
     async def open(self) -> None:
@@ -95,6 +98,9 @@ class StateStore:
             raise
 
     async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()  # on the thread that opened it
         engine, self._engine = self._engine, None
         if engine is not None:
             await self._in_thread(engine.dispose)
@@ -120,32 +126,31 @@ class StateStore:
         doc = await self._in_thread(read)
         return json.loads(doc) if doc else None
 
-    async def save(self, document: dict[str, Any]) -> None:
-        """Replace the saved document, durably."""
-        text = json.dumps(document, separators=(",", ":"))
+    async def save(self, document: dict[str, Any] | str) -> None:
+        """Replace the saved document (or its JSON text), durably."""
+        text = (
+            document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
+        )
         if self._engine is None:
             self._memory = text
             return
-        engine = self._engine
-
-        def write() -> None:
-            # One statement on the DB-API connection: SQLAlchemy's per-statement
-            # work would cost more than the write itself.
-            with engine.connect() as conn:
-                raw = conn.connection.dbapi_connection
-                assert raw is not None
-                raw.execute("BEGIN IMMEDIATE")
-                try:
-                    raw.execute(
-                        "INSERT OR REPLACE INTO agent_state (key, saved_at, doc) VALUES (?, ?, ?)",
-                        (_KEY, time.time(), text),
-                    )
-                    raw.execute("COMMIT")
-                except BaseException:
-                    rollback(raw)
-                    raise
-
         try:
-            write()
+            # One connection kept for the writes, on this thread, and the statements
+            # on its DB-API connection: a pool checkout and SQLAlchemy's
+            # per-statement work would cost more than the write itself.
+            if self._writer is None:
+                self._writer = self._engine.connect()
+            raw = self._writer.connection.dbapi_connection
+            assert raw is not None
+            raw.execute("BEGIN IMMEDIATE")
+            try:
+                raw.execute(
+                    "INSERT OR REPLACE INTO agent_state (key, saved_at, doc) VALUES (?, ?, ?)",
+                    (_KEY, time.time(), text),
+                )
+                raw.execute("COMMIT")
+            except BaseException:
+                rollback(raw)
+                raise
         except (sa.exc.DBAPIError, sqlite3.Error) as exc:
             raise database_error(_WHAT, self.label, exc) from exc

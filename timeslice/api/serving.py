@@ -12,7 +12,7 @@
   a socket with Nagle off; it holds its connections to `ConnectionLimits`
   (see `timeslice.api.connections`).
 - A reply that many streams send alike (a Watch event) is encoded once and sent
-  to each as bytes (`Encoded`).
+  to each as bytes (`Encoded`); so is a reply encoded by hand (`timeslice.api.hot`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,11 @@ def _handler(
                 else:
                     request = _requests(stream, limit)
                 if cardinality in (Cardinality.UNARY_UNARY, Cardinality.STREAM_UNARY):
-                    await stream.send_message(await method(request))
+                    reply = await method(request)
+                    if isinstance(reply, Encoded):
+                        await send_encoded(stream, reply)
+                    else:
+                        await stream.send_message(reply)
                 else:
                     async for reply in method(request):
                         if isinstance(reply, Encoded):
@@ -192,6 +196,11 @@ class Encoded:
     def __init__(self, message: betterproto2.Message) -> None:
         self._message: betterproto2.Message | None = message
         self._frames: bytes | None = None
+
+    @classmethod
+    def of_body(cls, body: bytes) -> Encoded:
+        """A message encoded already (see `timeslice.api.hot`)."""
+        return cls.of_frames(b"\0" + len(body).to_bytes(4, "big") + body)
 
     @classmethod
     def of_frames(cls, frames: bytes) -> Encoded:

@@ -41,13 +41,100 @@ _MAX_DEPTH: Final = 32
 
 def decode_strict(message_type: type[_M], data: bytes) -> _M:
     """Parse `data` as `message_type`, raising ValueError if it is malformed."""
-    _check(message_type, memoryview(data), 0)
-    try:
-        message = message_type.FromString(data)
-    except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
-        raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+    plan = _flat_plan(message_type)
+    if plan is not None:
+        message = _decode_flat(message_type, plan, memoryview(data))
+    else:
+        _check(message_type, memoryview(data), 0)
+        try:
+            message = message_type.FromString(data)
+        except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
+            raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
     _check_bounds(message, type(message).__name__)
     return message
+
+
+# --- flat messages, read in one pass ----------------------------------------------------
+#
+# Most requests (every Acquire, Yield and KeepAlive) hold only strings, integers and
+# booleans. Such a message is read here in the same walk that checks it, and built
+# with its constructor: betterproto2's parser would walk the bytes a second time at
+# several times the cost. The values are those the parser gives: the last of a
+# repeated scalar wins, integers are masked and signed as their type says, a
+# string must be UTF-8.
+
+_FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool"))
+_FlatPlan = dict[int, tuple[str, str, bool]]  # number -> (name, proto type, repeated)
+_flat_plans: dict[type[Any], _FlatPlan | None] = {}
+
+
+def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
+    """How to read `message_type` in one pass; None unless it is flat."""
+    if message_type in _flat_plans:
+        return _flat_plans[message_type]
+    plan: _FlatPlan | None = {}
+    for name, field in message_type._betterproto.meta_by_field_name.items():
+        flat = field.proto_type in _FLAT_TYPES and field.group is None
+        if not flat or (field.repeated and field.proto_type != "string"):
+            plan = None
+            break
+        assert plan is not None
+        plan[field.number] = (name, field.proto_type, field.repeated)
+    _flat_plans[message_type] = plan
+    return plan
+
+
+def _integer(kind: str, value: int) -> int | bool:
+    if kind == "bool":
+        return value > 0
+    if kind in ("uint32", "uint64"):
+        return value & (0xFFFFFFFF if kind == "uint32" else 0xFFFFFFFFFFFFFFFF)
+    bits = 32 if kind == "int32" else 64
+    value &= (1 << bits) - 1
+    sign = 1 << (bits - 1)
+    return (value ^ sign) - sign
+
+
+def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _M:
+    values: dict[str, Any] = {}
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        known = plan.get(number)
+        if wire == _VARINT:
+            value, pos = _varint(data, pos)
+            if known is not None:
+                name, kind, _ = known
+                if kind == "string":
+                    raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
+                values[name] = _integer(kind, value)
+            continue
+        if wire in (_I64, _I32):
+            end = pos + (8 if wire == _I64 else 4)
+        elif wire == _LEN:
+            size, pos = _varint(data, pos)
+            end = pos + size
+        else:
+            raise ValueError(f"unsupported wire type {wire} (field {number})")
+        if end > len(data):
+            raise ValueError(f"field {number} runs past the end of the message")
+        if known is not None:
+            name, kind, repeated = known
+            if kind != "string" or wire != _LEN:
+                raise ValueError(f"field {name} has wire type {wire}, expected {_WIRE_TYPE[kind]}")
+            try:
+                text = str(data[pos:end], "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+            if repeated:
+                values.setdefault(name, []).append(text)
+            else:
+                values[name] = text
+        pos = end
+    return message_type(**values)
 
 
 def _check_bounds(message: Any, path: str) -> None:

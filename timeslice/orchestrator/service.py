@@ -33,6 +33,7 @@ from grpclib.exceptions import GRPCError
 from timeslice.api.backend_config import backend_of, names_pod
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+from timeslice.api import hot
 from timeslice.api.serving import CallGate, Encoded, edge_mapping
 from timeslice.client.agent_types import StatusResponse
 from timeslice.errors import (
@@ -151,7 +152,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
     def __init__(self, orchestrator: OrchestratorApi) -> None:
         self.orch = orchestrator
 
-    async def acquire(self, message: pb.AcquireRequest) -> pb.AcquireResponse:
+    # The replies of every handoff are encoded by hand (`timeslice.api.hot`) and sent
+    # by the edge as they are.
+    async def acquire(  # type: ignore[override]
+        self, message: pb.AcquireRequest
+    ) -> pb.AcquireResponse | Encoded:
         groups = [message.group_id, *message.more_group_ids]
         callers = [authorize(Verb.ACQUIRE, job=message.job_id, group=g) for g in groups]
         with _refusal_logged(Verb.ACQUIRE, callers[0], message.group_id, message.job_id):
@@ -165,6 +170,15 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 principal=_name(callers[0]),
             )
         grant = grants[0]
+        if not message.more_group_ids:
+            return Encoded.of_body(
+                hot.acquire_response(
+                    waited_ms=round(grant.waited * 1000),
+                    context_restored=grant.context_restored,
+                    lease=_hot_lease(grant.lease),
+                    fencing_token=grant.token,
+                )
+            )
         return pb.AcquireResponse(
             success=True,
             waited_ms=round(max(g.waited for g in grants) * 1000),
@@ -184,7 +198,7 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             else [],
         )
 
-    async def yield_(self, message: pb.YieldRequest) -> pb.YieldResponse:
+    async def yield_(self, message: pb.YieldRequest) -> Encoded:  # type: ignore[override]
         caller = authorize(Verb.YIELD, job=message.job_id, group=message.group_id)
         with _refusal_logged(Verb.YIELD, caller, message.group_id, message.job_id):
             answer = await self.orch.yield_(
@@ -194,11 +208,12 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 token=message.fencing_token,
                 principal=_name(caller),
             )
-        return pb.YieldResponse(
-            success=True,
-            pending_waiters=answer.pending_waiters,
-            snapshot_deferred=answer.snapshot_deferred,
-            next_job_id=answer.next_job,
+        return Encoded.of_body(
+            hot.yield_response(
+                pending_waiters=answer.pending_waiters,
+                snapshot_deferred=answer.snapshot_deferred,
+                next_job_id=answer.next_job,
+            )
         )
 
     async def list_groups(self, message: pb.ListGroupsRequest) -> pb.ListGroupsResponse:
@@ -227,16 +242,18 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
         ]
         return pb.GetGroupStatusResponse(group=status, agent_job_states=states)
 
-    async def keep_alive(self, message: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
+    async def keep_alive(self, message: pb.KeepAliveRequest) -> Encoded:  # type: ignore[override]
         caller = authorize(Verb.KEEP_ALIVE, job=message.job_id, group=message.group_id)
         with _refusal_logged(Verb.KEEP_ALIVE, caller, message.group_id, message.job_id):
             renewed = await self.orch.keep_alive(
                 message.group_id, message.job_id, message.lease_id, principal=_name(caller)
             )
-        return pb.KeepAliveResponse(
-            lease=_lease(renewed.lease),
-            fencing_token=renewed.token,
-            yield_requested=renewed.yield_requested,
+        return Encoded.of_body(
+            hot.keep_alive_response(
+                lease=_hot_lease(renewed.lease),
+                fencing_token=renewed.token,
+                yield_requested=renewed.yield_requested,
+            )
         )
 
     # The edge sends `Encoded` replies as they are: the events every watcher
@@ -593,6 +610,11 @@ def _seconds(name: str, millis: int | None, *, positive: bool) -> float | None:
     if millis < 0 or (positive and millis == 0):
         raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'at least 0'}")
     return millis / 1000
+
+
+def _hot_lease(lease: ev.LeaseInfo) -> bytes:
+    """`_lease`, encoded by hand."""
+    return hot.lease(lease.lease_id, round(lease.ttl * 1000), lease.expires_at)
 
 
 def _lease(lease: ev.LeaseInfo) -> pb.Lease:

@@ -1,0 +1,115 @@
+"""Flat messages (strings, integers, booleans: every Acquire, Yield and KeepAlive) are
+read in one pass; what that pass gives, or refuses, is what the generic strict read
+(the wire walk, then betterproto2's parser) gives or refuses."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import betterproto2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from timeslice.api import wire
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
+
+
+def flat_types() -> list[type[betterproto2.Message]]:
+    found = []
+    for module in (pb, apb):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, betterproto2.Message) and wire._flat_plan(cls) is not None:
+                found.append(cls)
+    return found
+
+
+FLAT = flat_types()
+
+
+def generic(message_type: type[Any], data: bytes) -> Any:
+    """The strict read every message had before: the wire walk, then the parser."""
+    wire._check(message_type, memoryview(data), 0)
+    try:
+        return message_type.FromString(data)
+    except Exception as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def outcome(read: Any, message_type: type[Any], data: bytes) -> tuple[str, Any]:
+    try:
+        message = read(message_type, data)
+    except ValueError:
+        return ("refused", None)
+    return ("read", message.to_dict(include_default_values=True))
+
+
+def flat_read(message_type: type[Any], data: bytes) -> Any:
+    plan = wire._flat_plan(message_type)
+    assert plan is not None
+    return wire._decode_flat(message_type, plan, memoryview(data))
+
+
+def test_the_hot_requests_are_flat() -> None:
+    for cls in (pb.AcquireRequest, pb.YieldRequest, pb.KeepAliveRequest, pb.GetGroupStatusRequest):
+        assert cls in FLAT
+    assert wire._flat_plan(pb.AcquireResponse) is None  # it holds a message
+
+
+def field_bytes(number: int) -> st.SearchStrategy[bytes]:
+    """One field of `number` on the wire, well formed or not, of any wire type."""
+    varint = st.integers(min_value=0, max_value=2**70).map(_varint)
+    key = st.sampled_from([0, 1, 2, 5, 3, 7]).map(lambda w: _varint(number << 3 | w))
+    body = st.one_of(
+        varint,
+        st.binary(max_size=8),
+        st.binary(max_size=20).map(lambda b: _varint(len(b)) + b),
+        st.text(max_size=10).map(lambda t: _varint(len(t.encode())) + t.encode()),
+        st.just(b"\x02\xff\xfe"),  # not UTF-8
+        st.just(b"\x10a"),  # runs past the end
+    )
+    return st.tuples(key, body).map(lambda kb: kb[0] + kb[1])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@st.composite
+def wire_inputs(draw: st.DrawFn) -> tuple[type[Any], bytes]:
+    cls = draw(st.sampled_from(FLAT))
+    numbers = [m.number for m in cls._betterproto.meta_by_field_name.values()] + [0, 999]
+    fields = draw(st.lists(st.sampled_from(numbers).flatmap(field_bytes), max_size=6))
+    return cls, b"".join(fields)
+
+
+@settings(max_examples=500, deadline=None)
+@given(wire_inputs())
+def test_any_bytes_are_read_or_refused_as_the_generic_read_does(
+    case: tuple[type[Any], bytes],
+) -> None:
+    cls, data = case
+    assert outcome(flat_read, cls, data) == outcome(generic, cls, data)
+
+
+@pytest.mark.parametrize("cls", FLAT, ids=lambda c: c.__name__)
+def test_a_message_round_trips(cls: type[Any]) -> None:
+    values: dict[str, Any] = {}
+    for name, field in cls._betterproto.meta_by_field_name.items():
+        if field.proto_type == "string":
+            values[name] = ["a", "é"] if field.repeated else "job-é"
+        elif field.proto_type == "bool":
+            values[name] = True
+        elif field.proto_type.startswith("u"):
+            values[name] = 2**32 + 5 if field.proto_type == "uint64" else 7
+        else:
+            values[name] = -5
+    message = cls(**values)
+    assert flat_read(cls, bytes(message)) == cls.FromString(bytes(message))

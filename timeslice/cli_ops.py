@@ -186,7 +186,8 @@ def agent_status(
 ) -> None:
     """Print an agent's node, version, jobs and accelerators' memory.
 
-    Each job with its state, backend, liveness and fault.
+    Each job with its state, backend, liveness, fault and, for a registered
+    workload, where it keeps an offloaded context (store).
     """
     from timeslice.cli_views import agent_status_json, agent_status_lines, dumps
 

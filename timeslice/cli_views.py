@@ -193,6 +193,7 @@ def agent_status_json(target: str, answer: StatusResponse) -> Json:
                 "state": j.state.removeprefix("JOB_STATE_"),
                 "backend": _or_none(j.backend),
                 "liveness": j.liveness,
+                "store": _or_none(j.store),
                 "fault": _or_none(j.fault),
                 "operation": _or_none(j.operation_id),
             }
@@ -221,6 +222,8 @@ def agent_status_lines(target: str, answer: StatusResponse) -> list[str]:
             f"  job {where}: {j.state.removeprefix('JOB_STATE_')}"
             f"  backend={j.backend or '-'}  liveness={j.liveness}"
         )
+        if j.store:
+            line += f"  store={j.store}"
         if j.fault:
             line += f"  fault: {j.fault}"
         lines.append(line)

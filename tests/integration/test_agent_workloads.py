@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from agent_wire import (
     APP_CHANNEL,
@@ -21,18 +22,24 @@ from agent_wire import (
     OpStatus,
     agent_stubs,
     app_channel,
+    grpc_error,
     jobs,
     restore,
     run_operation,
     snapshot,
     states,
+    workload_channel_raw,
 )
+from grpclib.const import Status
 
 from timeslice.agent.server import Agent
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.cli_views import agent_status_json, agent_status_lines
+from timeslice.client import register_workload
 from timeslice.client.agent import AsyncSnapshotAgentClient, OperationFailedError
 from tests.workloads.worker_process import hostmem_worker
 from timeslice.client.agent_types import app_channel_config
+from timeslice.workloads import HostMemoryWorkload
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -183,3 +190,41 @@ async def test_the_agent_client_moves_a_workload_out_and_back(
         assert (await jobs(stub))["c"].state == JobState.FAULTED
         assert (await client.reset_job("c", "g")).state == "JOB_STATE_RUNNING"
         assert await worker.verify() == {"ok": True, "mismatched": []}
+
+
+async def test_the_agent_status_says_where_each_workload_keeps_its_context(
+    agent: Agent, tmp_path: Path
+) -> None:
+    in_memory, in_files = HostMemoryWorkload(), HostMemoryWorkload(tmp_path / "files")
+    for one in (in_memory, in_files):
+        one.add("w", np.arange(1000, dtype=np.float32))
+    quiet = {"on_snapshot": lambda mode, tags: None, "on_restore": lambda tags: None}
+    async with (
+        await register_workload(agent.address, "m", "g", workload=in_memory),
+        await register_workload(agent.address, "f", "g", workload=in_files),
+        await register_workload(agent.address, "q", "g", **quiet),
+        AsyncSnapshotAgentClient(agent.address, call_timeout_sec=10) as client,
+    ):
+        saved = await client.snapshot_and_wait("m", "g", backend_config=app_channel_config())
+        assert saved.storage_bytes == 4000
+        answer = await client.status()
+        stores = {j.job_id: j.store for j in answer.job_statuses}
+        assert stores == {"m": "memory", "f": "file", "q": ""}
+        lines = agent_status_lines(agent.address, answer)
+        assert any("job g/m: SAVED" in line and "store=memory" in line for line in lines)
+        assert any("job g/f: RUNNING" in line and "store=file" in line for line in lines)
+        assert not any("job g/q" in line and "store=" in line for line in lines)
+        shown = {j["job"]: j["store"] for j in agent_status_json(agent.address, answer)["jobs"]}
+        assert shown == {"m": "memory", "f": "file", "q": None}
+    in_memory.close()
+    in_files.close()
+
+
+async def test_a_store_name_longer_than_64_bytes_is_refused(agent: Agent, stub: Stub) -> None:
+    capabilities = pb.WorkloadCapabilities(store="m" * 65)
+    register = pb.RegisterWorkload(job_id="w", group="g", capabilities=capabilities)
+    message = pb.WorkloadMessage(register=register)
+    error = await grpc_error(workload_channel_raw(agent.address, [bytes(message)]))
+    assert error.status == Status.INVALID_ARGUMENT
+    assert "store is at most 64 bytes" in (error.message or "")
+    assert await jobs(stub) == {}

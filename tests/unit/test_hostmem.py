@@ -1,4 +1,5 @@
-"""The host-memory workload: what a snapshot frees, what a restore brings back."""
+"""The host-memory workload: what a snapshot frees, what a restore brings back,
+with either store (what is particular to each: tests/workloads/test_hostmem_stores.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,14 @@ from timeslice.workloads import ArraySavedError, HostMemoryWorkload
 MiB = 1024 * 1024
 
 
-@pytest.fixture
-def workload(tmp_path: Path) -> Iterator[HostMemoryWorkload]:
-    with HostMemoryWorkload(tmp_path / "store") as w:
+@pytest.fixture(params=["memory", "file"])
+def workload(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HostMemoryWorkload]:
+    if request.param == "file":
+        made = HostMemoryWorkload(tmp_path / "store", store="file")
+    else:
+        made = HostMemoryWorkload(store="memory")
+    with made as w:
+        assert w.store == request.param
         yield w
 
 
@@ -124,7 +130,8 @@ def test_unknown_tags_are_refused(workload: HostMemoryWorkload) -> None:
     assert workload.state == "RUNNING"
 
 
-def test_an_offload_snapshot_gives_the_memory_back(workload: HostMemoryWorkload) -> None:
+def test_an_offload_snapshot_to_files_gives_the_memory_back(tmp_path: Path) -> None:
+    workload = HostMemoryWorkload(tmp_path, store="file")
     size = 256 * MiB
     array = workload.allocate("big", size, np.uint8)
     array.fill(0x5A)  # touch every page
@@ -138,6 +145,7 @@ def test_an_offload_snapshot_gives_the_memory_back(workload: HostMemoryWorkload)
     workload.restore()
     assert rss_bytes() - after >= 0.9 * size
     assert np.all(workload["big"] == 0x5A)
+    workload.close()
 
 
 def test_files_are_removed_after_restore(tmp_path: Path) -> None:
@@ -157,12 +165,12 @@ def test_files_are_removed_after_restore(tmp_path: Path) -> None:
     assert store.is_dir()
 
 
-def test_the_default_store_is_a_temporary_directory_removed_on_close() -> None:
-    workload = HostMemoryWorkload()
+def test_the_default_file_store_is_a_temporary_directory_removed_on_close() -> None:
+    workload = HostMemoryWorkload(store="file")
     workload.add("a", np.arange(10))
     workload.snapshot("offload")
-    store = workload._store_dir
-    assert store.is_dir() and any(store.iterdir())
+    store = workload.store_dir
+    assert store is not None and store.is_dir() and any(store.iterdir())
     workload.close()
     assert not store.exists()
     workload.close()  # idempotent

@@ -2,7 +2,7 @@
 deterministic random bytes, registered with an agent, answering line commands.
 
     python tests/workloads/hostmem_worker.py --agent HOST:PORT --job J [--group G]
-        [--mib 512] [--seed S] [--store DIR]
+        [--mib 512] [--seed S] [--store DIR] [--store-kind file|memory]
 
 Prints one JSON line when registered, ``{"pid": ..., "ready": true, "bytes": ...,
 "arrays": {name: [tags]}}``, then reads commands on stdin, one a line, and answers
@@ -17,6 +17,9 @@ each with one JSON line:
                                              seconds, or "none" for no lease at all
                                              (as a v1alpha1 client: no keepalives)
     quit    {"bye": true}                    (end of input does the same)
+
+Its store is files (in DIR, or a temporary directory), so that a snapshot takes
+the bytes out of the process's memory, unless ``--store-kind memory``.
 
 The workload's arrays: weights (1/2 of the bytes), kv_cache (1/4), optimizer
 (3/16) and lora (1/16), each tagged with its name.
@@ -101,6 +104,7 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--store", type=Path, default=None, help="where offloaded arrays go")
+    parser.add_argument("--store-kind", choices=("file", "memory"), default="file")
     parser.add_argument("--connect-timeout", type=float, default=30.0)
     args = parser.parse_args()
     if args.mib < 1:
@@ -108,7 +112,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     total = args.mib * MiB
-    workload = HostMemoryWorkload(args.store)
+    workload = HostMemoryWorkload(args.store, store=args.store_kind)
     build(workload, total, args.seed)
     handle = register_workload_in_thread(
         args.agent, args.job, args.group, workload, connect_timeout_sec=args.connect_timeout

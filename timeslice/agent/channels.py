@@ -42,6 +42,8 @@ class Capabilities:
     supported_modes: tuple[str, ...] = ()  # empty: no validation
     default_mode: str = SuspendMode.OFFLOAD.value
     tags: tuple[str, ...] = ()
+    # Where it keeps an offloaded context ("memory", "file"), in its words; "": not said.
+    store: str = ""
 
     def resolve_mode(self, requested: str) -> str:
         """The mode a snapshot command carries: never unspecified."""

@@ -19,6 +19,8 @@ from timeslice.kinds import Liveness
 _MODE: Final = {OFFLOAD: pb.SuspendMode.OFFLOAD, DISCARD: pb.SuspendMode.DISCARD}
 JOB_STATE: Final = {state: pb.JobState[state.value] for state in JobState}
 _OP_STATUS: Final = {status: pb.OperationStatus[status.value] for status in OpStatus}
+# A workload's word for where it keeps an offloaded context is shown, never parsed.
+MAX_STORE_BYTES: Final = 64
 _LIVENESS: Final = {
     Liveness.UNKNOWN: pb.Liveness.UNSPECIFIED,
     Liveness.ALIVE: pb.Liveness.ALIVE,
@@ -26,8 +28,9 @@ _LIVENESS: Final = {
 }
 
 
-def job_status(job: Job, liveness: Liveness) -> pb.JobStatus:
-    """A job of the table as the wire shows it."""
+def job_status(job: Job, liveness: Liveness, store: str = "") -> pb.JobStatus:
+    """A job of the table as the wire shows it; `store` is where its workload, over
+    the channel open now, said it keeps an offloaded context."""
     return pb.JobStatus(
         job_id=job.job,
         state=JOB_STATE[job.state],
@@ -36,6 +39,7 @@ def job_status(job: Job, liveness: Liveness) -> pb.JobStatus:
         fault=job.fault,
         operation_id=job.operation,
         liveness=_LIVENESS[liveness],
+        store=store,
     )
 
 
@@ -67,7 +71,12 @@ def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:
         raise InvalidArgumentError("register.job_id must not be empty")
     caps = register.capabilities or pb.WorkloadCapabilities()
     modes = tuple(MODE_NAME[m] for m in caps.supported_modes if MODE_NAME.get(m))
-    return Capabilities(modes, MODE_NAME.get(caps.default_mode) or OFFLOAD, tuple(caps.tags))
+    if len(caps.store.encode()) > MAX_STORE_BYTES:
+        raise InvalidArgumentError(
+            f"register.capabilities.store is at most {MAX_STORE_BYTES} bytes"
+        )
+    default = MODE_NAME.get(caps.default_mode) or OFFLOAD
+    return Capabilities(modes, default, tuple(caps.tags), caps.store)
 
 
 def command_message(command: Command) -> pb.AgentCommand:

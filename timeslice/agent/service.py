@@ -141,7 +141,7 @@ class AgentService(pb.SnapshotAgentServiceBase):
     async def status(self, message: pb.StatusRequest) -> pb.StatusResponse:
         caller = authorize_call(Verb.AGENT_STATUS)
         jobs = [
-            job_status(job, self.agent.liveness(job))
+            job_status(job, self.agent.liveness(job), self._store_of(job))
             for job in self.agent.table.jobs.values()
             if _sees(caller, job)
         ]
@@ -280,6 +280,14 @@ class AgentService(pb.SnapshotAgentServiceBase):
         except Exception as exc:
             reason = f"the workload channel failed: {exc}"
         channel.close(reason or DEREGISTERED)
+
+    def _store_of(self, job: Job) -> str:
+        """Where the job's workload said it keeps an offloaded context, over the
+        channel open now; "" for a job of another backend or with no channel."""
+        if job.backend != "app_channel":
+            return ""
+        channel = self.agent.channels.get(job.group, job.job)
+        return channel.capabilities.store if channel is not None else ""
 
     def _refusal(
         self, group: str, job: pb.SwitchJob, backend: str | None, config: dict[str, object] | None

@@ -10,8 +10,9 @@ Three kinds, tried in this order:
    dropped) and ``level=2`` for discard; a restore is ``engine.wake_up(tags)``.
    vLLM's sleep takes no tags: it always sleeps the whole engine.
 3. Any object with ``snapshot(mode, tags)`` and ``restore(tags)`` methods, such
-   as `HostMemoryWorkload`. Its ``supported_modes``, ``default_mode`` and
-   ``tags`` attributes, when it has them, are the capabilities it registers
+   as `HostMemoryWorkload`. Its ``supported_modes``, ``default_mode``,
+   ``tags`` and ``store`` (where it keeps an offloaded context: "memory",
+   "file") attributes, when it has them, are the capabilities it registers
    with, and its ``state`` ("RUNNING" or "SAVED"), when it has one, is what it
    reports when it registers again.
 
@@ -21,6 +22,7 @@ Modes are named "offload" and "discard"; tags are lists of strings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
@@ -47,11 +49,13 @@ VLLM_TAGS: Final = ("weights", "kv_cache")
 @dataclass(frozen=True)
 class Capabilities:
     """What a workload registers with: the modes it accepts (empty: any), its
-    default mode (None: the agent's, offload) and its region tags."""
+    default mode (None: the agent's, offload), its region tags, and where it
+    keeps an offloaded context ("memory", "file"; "": not said)."""
 
     supported_modes: tuple[str, ...] = ()
     default_mode: str | None = None
     tags: tuple[str, ...] = ()
+    store: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,11 +227,13 @@ def _declared(workload: object) -> Capabilities:
     modes = getattr(workload, "supported_modes", None)
     default = getattr(workload, "default_mode", None)
     tags = getattr(workload, "tags", None)
-    return _capabilities(
+    store = getattr(workload, "store", None)
+    declared = _capabilities(
         modes if isinstance(modes, Iterable) else None,
         default if isinstance(default, str) else None,
         tags if isinstance(tags, Iterable) else None,
     )
+    return dataclasses.replace(declared, store=store if isinstance(store, str) else "")
 
 
 def _merge(explicit: Capabilities, declared: Capabilities | None) -> Capabilities:
@@ -236,6 +242,7 @@ def _merge(explicit: Capabilities, declared: Capabilities | None) -> Capabilitie
         explicit.supported_modes or base.supported_modes,
         explicit.default_mode or base.default_mode,
         explicit.tags or base.tags,
+        base.store,
     )
     if (
         merged.default_mode is not None

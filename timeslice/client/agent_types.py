@@ -91,6 +91,9 @@ class JobStatus:
     operation_id: str = ""
     # What the agent sees of the job's workload: "ALIVE", "GONE" or "UNSPECIFIED".
     liveness: str = "UNSPECIFIED"
+    # Where its workload keeps an offloaded context, as it registered ("memory",
+    # "file"); "" when not said, or with no workload channel open.
+    store: str = ""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def status_response(message: pb.StatusResponse) -> StatusResponse:
                 fault=job.fault,
                 operation_id=job.operation_id,
                 liveness=enum_name(job.liveness).removeprefix("LIVENESS_"),
+                store=job.store,
             )
             for job in message.job_statuses
         ],

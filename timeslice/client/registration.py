@@ -480,4 +480,5 @@ def _wire_capabilities(capabilities: Capabilities) -> pb.WorkloadCapabilities:
             else pb.SuspendMode.UNSPECIFIED
         ),
         tags=list(capabilities.tags),
+        store=capabilities.store,
     )

@@ -512,6 +512,12 @@ class JobStatus(betterproto2.Message):
     processes running (ALIVE), all of them ended (GONE), or nothing to watch.
     """
 
+    store: "str" = betterproto2.field(105, betterproto2.TYPE_STRING)
+    """
+    Where the job's workload keeps an offloaded context, as it registered it
+    (WorkloadCapabilities.store) over the channel open now; empty otherwise.
+    """
+
 
 default_message_pool.register_message("snapshot_agent.v1alpha1", "JobStatus", JobStatus)
 
@@ -990,6 +996,13 @@ class WorkloadCapabilities(betterproto2.Message):
     """
 
     tags: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+
+    store: "str" = betterproto2.field(100, betterproto2.TYPE_STRING)
+    """
+    Where the workload keeps an offloaded context, in its own words: "memory"
+    (host memory of its process) or "file" (files it writes), say. Empty: not
+    said. At most 64 bytes; shown, never acted on.
+    """
 
 
 default_message_pool.register_message(

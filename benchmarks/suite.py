@@ -76,6 +76,8 @@ BENCHMARKS = (
               300, 90, ("--rounds", "2")),
     Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
               180, 60),
+    Benchmark("anchors", "handoff and 100-job cycles against etcd's v3lock and Redis",
+              330, 150),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import grpclib.const
 import numpy as np
@@ -400,8 +400,18 @@ def machine() -> dict[str, Any]:
 
 # --- throughput: many loops over a few connections ------------------------------------------
 
-#: Binds one loop (its index) to its connection: returns the step it repeats.
-Bind = Callable[[Channel, int], Callable[[], Coroutine[Any, Any, None]]]
+#: Binds one loop (its index) to its connection (a `Channel`, or what `connect`
+#: made): returns the step it repeats.
+Bind = Callable[[Any, int], Callable[[], Coroutine[Any, Any, None]]]
+#: Opens one connection to an address, as an async context manager.
+Connect = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]
+
+
+class Asked(Protocol):
+    """A server that answers "usage" with its `Usage` (a `ServerProcess`, or a
+    process started otherwise that reports what it has used the same way)."""
+
+    async def ask(self, command: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -442,17 +452,18 @@ async def measure_rate(
     warmup: float,
     window: float,
     per_connection: int = 1,
-    server: Child | None = None,
+    server: Asked | None = None,
     ready: Callable[[], Coroutine[Any, Any, bool]] | None = None,
     warmup_cap: float = 60.0,
     slice_s: float = 0.5,
+    connect: Connect = channel,
 ) -> Rate:
     """`loops` tasks, each repeating its step, over ceil(loops / per_connection)
-    connections; count the steps that end while the window is open, and in each
-    slice of it (about `slice_s` seconds). The window opens `warmup` seconds after
-    the loops start and, with `ready`, once it says so (asked every 0.1 s), but at
-    most `warmup_cap` seconds after the start. The loops are cancelled when the
-    window closes."""
+    connections (made by `connect`: gRPC channels by default); count the steps that
+    end while the window is open, and in each slice of it (about `slice_s` seconds).
+    The window opens `warmup` seconds after the loops start and, with `ready`, once
+    it says so (asked every 0.1 s), but at most `warmup_cap` seconds after the
+    start. The loops are cancelled when the window closes."""
     ends: list[float] = []  # when each step ended, while counting
     counting = False
 
@@ -464,7 +475,7 @@ async def measure_rate(
 
     async with contextlib.AsyncExitStack() as stack:
         connections = [
-            await stack.enter_async_context(channel(address))
+            await stack.enter_async_context(connect(address))
             for _ in range(math.ceil(loops / per_connection))
         ]
         started = now()

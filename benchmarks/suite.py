@@ -77,6 +77,8 @@ BENCHMARKS = (
     Benchmark("syscalls", "socket writes per unary call against grpclib's own (strace)", 90, 60),
     Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
               180, 60),
+    Benchmark("anchors", "handoff and 100-job cycles against etcd's v3lock and Redis",
+              330, 150),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

@@ -13,9 +13,9 @@ writes to DIR (default: benchmarks/results):
                in the same run, and their ratio;
   latest.log   what each benchmark printed.
 
-A full run takes about three minutes on two cores, `--quick` about one; a
+A full run takes about ten minutes on two cores, `--quick` about three; a
 benchmark that runs past its own time limit, or past the suite's (`--limit`:
-9.5 minutes), is stopped and reported as failed.
+15 minutes), is stopped and reported as failed.
 """
 
 from __future__ import annotations
@@ -227,11 +227,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="seconds the whole suite may take; a benchmark still running then is stopped"
-        " and the rest skipped (default: 570, or 240 with --quick)",
+        " and the rest skipped (default: 900, or 300 with --quick)",
     )
     args = parser.parse_args(argv)
     if args.limit is None:
-        args.limit = 240.0 if args.quick else 570.0
+        args.limit = 300.0 if args.quick else 900.0
     only = [name.strip() for value in args.only or [] for name in value.split(",") if name.strip()]
     if unknown := [name for name in only if name not in NAMES]:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")

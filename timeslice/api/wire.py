@@ -112,15 +112,7 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
                     raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
                 values[name] = _integer(kind, value)
             continue
-        if wire in (_I64, _I32):
-            end = pos + (8 if wire == _I64 else 4)
-        elif wire == _LEN:
-            size, pos = _varint(data, pos)
-            end = pos + size
-        else:
-            raise ValueError(f"unsupported wire type {wire} (field {number})")
-        if end > len(data):
-            raise ValueError(f"field {number} runs past the end of the message")
+        pos, end = _span(data, pos, number, wire)
         if known is not None:
             name, kind, repeated = known
             if kind != "string" or wire != _LEN:
@@ -187,6 +179,24 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
+def _span(data: memoryview, pos: int, number: int, wire: int) -> tuple[int, int]:
+    """Where the value of field `number`, of wire type `wire`, whose key ends at
+    `pos`, starts and ends (a length-delimited one: after its length)."""
+    if wire == _VARINT:
+        _, end = _varint(data, pos)
+        return end, end
+    if wire in (_I64, _I32):
+        end = pos + (8 if wire == _I64 else 4)
+    elif wire == _LEN:
+        size, pos = _varint(data, pos)
+        end = pos + size
+    else:
+        raise ValueError(f"unsupported wire type {wire} (field {number})")
+    if end > len(data):
+        raise ValueError(f"field {number} runs past the end of the message")
+    return pos, end
+
+
 def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
     if depth > _MAX_DEPTH:
         raise ValueError("message nested too deeply")
@@ -199,18 +209,7 @@ def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ValueError("field number 0")
-        if wire == _VARINT:
-            _, pos = _varint(data, pos)
-            end = pos
-        elif wire in (_I64, _I32):
-            end = pos + (8 if wire == _I64 else 4)
-        elif wire == _LEN:
-            size, pos = _varint(data, pos)
-            end = pos + size
-        else:
-            raise ValueError(f"unsupported wire type {wire} (field {number})")
-        if end > len(data):
-            raise ValueError(f"field {number} runs past the end of the message")
+        pos, end = _span(data, pos, number, wire)
         known = by_number.get(number)
         if known is not None:
             name, field = known

@@ -13,7 +13,7 @@ writes to DIR (default: benchmarks/results):
                in the same run, and their ratio;
   latest.log   what each benchmark printed.
 
-A full run takes about ten minutes on two cores, `--quick` about three; a
+A full run takes about twelve minutes on two cores, `--quick` about three; a
 benchmark that runs past its own time limit, or past the suite's (`--limit`:
 15 minutes), is stopped and reported as failed.
 """

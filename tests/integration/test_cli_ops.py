@@ -150,11 +150,14 @@ async def test_agent_status_shows_jobs_memory_and_version(
     assert set(document) == {"target", "node", "version", "jobs", "accelerators"}
     assert (document["node"], document["version"]) == ("node-a", VERSION)
     [job] = document["jobs"]
-    assert set(job) == {"job", "group", "state", "backend", "liveness", "fault", "operation"}
+    assert set(job) == {
+        "job", "group", "state", "backend", "liveness", "fault", "operation", "store"
+    }  # fmt: skip
     assert (job["job"], job["group"], job["state"], job["backend"]) == (
         "job-1", "g", "SAVED", "noop"
     )  # fmt: skip
     assert job["liveness"] == "UNSPECIFIED" and job["fault"] is None
+    assert job["store"] is None  # a noop job's context is kept by no workload store
     assert isinstance(document["accelerators"], list)
 
     code, out, _ = await invoke_async("agent", "status", "-t", agent.address)

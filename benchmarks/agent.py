@@ -172,6 +172,20 @@ async def measure_workload(
     return snaps, restores, base, moved
 
 
+def store_figures(
+    prefix: str, nbytes: int, snaps: list[float], restores: list[float], moved: int
+) -> dict[str, Any]:
+    """One store's figures, their names starting with `prefix`."""
+    snap, restore = statistics.median(snaps), statistics.median(restores)
+    return {
+        f"{prefix}reported_storage_bytes": moved,
+        f"{prefix}snapshot_p50_s": snap,
+        f"{prefix}restore_p50_s": restore,
+        f"{prefix}snapshot_gbps": nbytes / snap / 1e9,
+        f"{prefix}restore_gbps": nbytes / restore / 1e9,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from grpclib.client import Channel
 
@@ -217,17 +231,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         noop_op_p99_ms=percentile(noop_times, 0.99) * 1e3,
         noop_op_over_echo_p50=percentile(noop_times, 0.5) / percentile(echo_times, 0.5),
         workload_bytes=nbytes,
-        reported_storage_bytes=moved,
-        snapshot_p50_s=statistics.median(snaps),
-        restore_p50_s=statistics.median(restores),
-        snapshot_gbps=nbytes / statistics.median(snaps) / 1e9,
-        restore_gbps=nbytes / statistics.median(restores) / 1e9,
+        **store_figures("", nbytes, snaps, restores, moved),
         memcpy_gbps=copy,
-        memory_reported_storage_bytes=memory_moved,
-        memory_snapshot_p50_s=statistics.median(memory_snaps),
-        memory_restore_p50_s=statistics.median(memory_restores),
-        memory_snapshot_gbps=nbytes / statistics.median(memory_snaps) / 1e9,
-        memory_restore_gbps=nbytes / statistics.median(memory_restores) / 1e9,
+        **store_figures("memory_", nbytes, memory_snaps, memory_restores, memory_moved),
         hugepage_copy_gbps=huge,
         # Every run, for the spread: on a virtual machine fresh memory is sometimes
         # slow to fault in, whoever asks for it.

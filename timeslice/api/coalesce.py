@@ -37,13 +37,11 @@ class Coalesced(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        if self._size + len(data) > FLUSH_BYTES:
-            self._pending.append(bytes(data))
-            self.flush()
-            return
         self._pending.append(bytes(data))
         self._size += len(data)
-        if not self._scheduled:
+        if self._size > FLUSH_BYTES:
+            self.flush()
+        elif not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush_scheduled)
 

@@ -99,10 +99,7 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
     values: dict[str, Any] = {}
     pos = 0
     while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
+        number, wire, pos = _field_key(data, pos)
         known = plan.get(number)
         if wire == _VARINT:
             value, pos = _varint(data, pos)
@@ -179,6 +176,14 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
+def _field_key(data: memoryview, pos: int) -> tuple[int, int, int]:
+    """The field number and wire type of the key at `pos`, and where the key ends."""
+    key, pos = _varint(data, pos)
+    if key >> 3 == 0:
+        raise ValueError("field number 0")
+    return key >> 3, key & 7, pos
+
+
 def _span(data: memoryview, pos: int, number: int, wire: int) -> tuple[int, int]:
     """Where the value of field `number`, of wire type `wire`, whose key ends at
     `pos`, starts and ends (a length-delimited one: after its length)."""
@@ -205,10 +210,7 @@ def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
     oneof_seen: dict[str, str] = {}
     pos = 0
     while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
+        number, wire, pos = _field_key(data, pos)
         pos, end = _span(data, pos, number, wire)
         known = by_number.get(number)
         if known is not None:

@@ -79,6 +79,8 @@ BENCHMARKS = (
               180, 60),
     Benchmark("anchors", "handoff and 100-job cycles against etcd's v3lock and Redis",
               330, 150),
+    Benchmark("pipeline", "a switch tag by tag against one moved whole, on a GPU (model)",
+              30, 30),
 )  # fmt: skip
 NAMES = tuple(b.name for b in BENCHMARKS)
 

@@ -2,7 +2,7 @@
 deterministic random bytes, registered with an agent, answering line commands.
 
     python tests/workloads/hostmem_worker.py --agent HOST:PORT --job J [--group G]
-        [--mib 512] [--seed S] [--store DIR] [--store-kind file|memory]
+        [--mib 512] [--seed S] [--store DIR] [--store-kind file|memory] [--one-step]
 
 Prints one JSON line when registered, ``{"pid": ..., "ready": true, "bytes": ...,
 "arrays": {name: [tags]}}``, then reads commands on stdin, one a line, and answers
@@ -19,7 +19,9 @@ each with one JSON line:
     quit    {"bye": true}                    (end of input does the same)
 
 Its store is files (in DIR, or a temporary directory), so that a snapshot takes
-the bytes out of the process's memory, unless ``--store-kind memory``.
+the bytes out of the process's memory, unless ``--store-kind memory``. It
+registers as moving its context tag by tag (pipelined switches), unless
+``--one-step``.
 
 The workload's arrays: weights (1/2 of the bytes), kv_cache (1/4), optimizer
 (3/16) and lora (1/16), each tagged with its name.
@@ -106,6 +108,9 @@ def main() -> int:
     parser.add_argument("--store", type=Path, default=None, help="where offloaded arrays go")
     parser.add_argument("--store-kind", choices=("file", "memory"), default="file")
     parser.add_argument("--connect-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--one-step", action="store_true", help="register as moved whole, not tag by tag"
+    )
     args = parser.parse_args()
     if args.mib < 1:
         parser.error("--mib must be at least 1")
@@ -114,6 +119,8 @@ def main() -> int:
     total = args.mib * MiB
     workload = HostMemoryWorkload(args.store, store=args.store_kind)
     build(workload, total, args.seed)
+    if args.one_step:
+        workload.pipelined = False
     handle = register_workload_in_thread(
         args.agent, args.job, args.group, workload, connect_timeout_sec=args.connect_timeout
     )

@@ -531,8 +531,9 @@ def test_a_workload_cannot_close_while_saved_and_its_hooks_go_when_it_does() -> 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
-def test_the_gpu_script_refuses_clearly_without_cuda() -> None:
-    script = Path(__file__).resolve().parents[2] / "benchmarks/gpu/torch_workload_cuda.py"
+@pytest.mark.parametrize("name", ["torch_workload_cuda.py", "pipelined_switch.py"])
+def test_the_gpu_scripts_refuse_clearly_without_cuda(name: str) -> None:
+    script = Path(__file__).resolve().parents[2] / "benchmarks/gpu" / name
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "needs a CUDA device" in done.stderr

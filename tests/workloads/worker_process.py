@@ -54,13 +54,21 @@ class Worker:
 
 @asynccontextmanager
 async def hostmem_worker(
-    address: str, job: str, group: str, mib: int, seed: int, directory: Path
+    address: str,
+    job: str,
+    group: str,
+    mib: int,
+    seed: int,
+    directory: Path,
+    *options: str,
 ) -> AsyncIterator[Worker]:
-    """Start a worker; wait until it is registered. It is told to quit (or killed) on exit."""
+    """Start a worker (`options`: more of its command-line options); wait until it is
+    registered. It is told to quit (or killed) on exit."""
     store = directory / f"store-{job}"
     log = directory / f"worker-{job}.log"
     command = [str(WORKER), "--agent", address, "--job", job, "--group", group,
-               "--mib", str(mib), "--seed", str(seed), "--store", str(store)]  # fmt: skip
+               "--mib", str(mib), "--seed", str(seed), "--store", str(store),
+               *options]  # fmt: skip
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

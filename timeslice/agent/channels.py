@@ -44,6 +44,8 @@ class Capabilities:
     tags: tuple[str, ...] = ()
     # Where it keeps an offloaded context ("memory", "file"), in its words; "": not said.
     store: str = ""
+    # It moves its context tag by tag (see `timeslice.agent.pipeline`).
+    pipelined: bool = False
 
     def resolve_mode(self, requested: str) -> str:
         """The mode a snapshot command carries: never unspecified."""
@@ -93,6 +95,11 @@ class WorkloadChannel:
     # Commands given up on unanswered: id -> (kind, the state before the command).
     overdue: dict[str, tuple[str, str]] = field(default_factory=dict)
     failure: Exception | None = None  # the error the stream ends with, if the workload broke it
+    # How its last snapshot went tag by tag, when it did (a pipelined workload):
+    # each step's tags and the accelerator memory it freed, what its restore
+    # brings back in the same steps; None: not known (nothing since it registered,
+    # a snapshot of one step, or a restore since).
+    steps: list[tuple[tuple[str, ...], int | None]] | None = None
     # Who opened it ("uid 1000", "principal trainer-a", "" anonymous), whether that
     # caller may replace anyone's channel (an operator), and the caller for logs.
     owner: str = ""
@@ -221,13 +228,33 @@ class WorkloadChannels:
         """A new, unique command id."""
         return f"cmd-{next(self._ids)}"
 
+    def channel(self, group: str, job: str) -> WorkloadChannel:
+        """The job's open channel; ConflictError if it has none."""
+        channel = self.get(group, job)
+        if channel is None:
+            raise ConflictError(f"job {job} has no workload channel open (is it registered?)")
+        return channel
+
     async def send(
         self, group: str, job: str, kind: str, mode: str, tags: tuple[str, ...], timeout: float
     ) -> Result:
         """Run one command on the job's workload; raise if it failed."""
-        channel = self.get(group, job)
-        if channel is None:
-            raise ConflictError(f"job {job} has no workload channel open (is it registered?)")
+        channel = self.channel(group, job)
+        result = await self.step(channel, kind, mode, tags, timeout)
+        channel.state = "SAVED" if kind == "snapshot" else "RUNNING"
+        channel.steps = None
+        return result
+
+    async def step(
+        self,
+        channel: WorkloadChannel,
+        kind: str,
+        mode: str,
+        tags: tuple[str, ...],
+        timeout: float,
+    ) -> Result:
+        """Run one command on `channel`'s workload, leaving its state to the caller
+        (a step of an operation of several); raise if it failed."""
         if kind == "snapshot":
             mode = channel.capabilities.resolve_mode(mode)
         command = Command(self.command_id(), kind, mode, tags, round(timeout * 1000))
@@ -236,7 +263,6 @@ class WorkloadChannels:
             raise InternalError(
                 f"the workload failed to {kind}: {result.error or 'no reason given'}"
             )
-        channel.state = "SAVED" if kind == "snapshot" else "RUNNING"
         return result
 
     def close_all(self, reason: str) -> None:

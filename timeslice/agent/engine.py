@@ -19,9 +19,10 @@ from typing import Any
 
 from timeslice.agent import state as st
 from timeslice.agent.oplog import operation_ended, operation_started
+from timeslice.agent.pipeline import Pace
 from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
-from timeslice.backends import Backend, JobRef
+from timeslice.backends import Backend, JobRef, Moved, Pipelined
 from timeslice.errors import NotFoundError, TimeSliceError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class AgentEngine:
         self._timer: asyncio.TimerHandle | None = None
         #: Told every operation that ends, once its end is saved (the metrics).
         self.finished: Callable[[Operation], None] | None = None
+        #: The pipelined switch's pace lent to the next operation of a job (group,
+        #: job), taken when it runs (see `timeslice.agent.pipeline`).
+        self.paces: dict[tuple[str, str], Pace] = {}
 
     @property
     def saved(self) -> bool:
@@ -169,10 +173,11 @@ class AgentEngine:
         ref = JobRef(job.group, job.job, job.config)
         left = op.deadline - time.time()
         finish: st.Finish
+        pace = self.paces.pop(job.key, None)
         try:
             backend = self._backend(op.backend)
-            run = backend.snapshot if op.kind == st.SNAPSHOT else backend.restore
-            moved = await asyncio.wait_for(run(ref, {**op.params, "timeout": left}), left)
+            params = {**op.params, "timeout": left}
+            moved = await asyncio.wait_for(_move(backend, op.kind, ref, params, pace), left)
             finish = st.Finish(
                 now=time.time(),
                 op_id=op_id,
@@ -263,3 +268,23 @@ class AgentEngine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), wait)
         return op
+
+
+async def _move(
+    backend: Backend, kind: str, job: JobRef, params: dict[str, Any], pace: Pace | None
+) -> Moved:
+    """Run a snapshot or restore on `backend`; in a pipelined switch (`pace`), step by
+    step where the backend can, else telling the pace only when it ends."""
+    snapshot = kind == st.SNAPSHOT
+    if pace is None:
+        return await (backend.snapshot if snapshot else backend.restore)(job, params)
+    if isinstance(backend, Pipelined):
+        if snapshot:
+            return await backend.snapshot_paced(job, params, pace)
+        return await backend.restore_paced(job, params, pace)
+    if snapshot:
+        moved = await backend.snapshot(job, params)
+        pace.freed(moved.device_bytes)
+        return moved
+    await pace.enter(None)
+    return await backend.restore(job, params)

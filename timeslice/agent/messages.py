@@ -76,7 +76,7 @@ def capabilities_of(register: pb.RegisterWorkload) -> Capabilities:
             f"register.capabilities.store is at most {MAX_STORE_BYTES} bytes"
         )
     default = MODE_NAME.get(caps.default_mode) or OFFLOAD
-    return Capabilities(modes, default, tuple(caps.tags), caps.store)
+    return Capabilities(modes, default, tuple(caps.tags), caps.store, caps.pipelined)
 
 
 def command_message(command: Command) -> pb.AgentCommand:

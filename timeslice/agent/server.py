@@ -24,6 +24,7 @@ from timeslice.agent.config import AgentConfig
 from timeslice.agent.engine import AgentEngine
 from timeslice.agent.link import OrchestratorLink
 from timeslice.agent.local_socket import BoundSocket, bind_unix, remove_socket
+from timeslice.agent.pipeline import Pace
 from timeslice.agent.service import AgentService, HealthService
 from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.agent.store import StateStore
@@ -36,6 +37,7 @@ from timeslice.backends import (
     Backend,
     BackendContext,
     JobRef,
+    Pipelined,
     known_backends,
     load_backend,
 )
@@ -395,9 +397,11 @@ class Agent:
         params: dict[str, Any] | None = None,
         token: int = 0,
         timeout: float | None = None,
+        pace: Pace | None = None,
     ) -> str:
         """Start a snapshot or restore; return its operation id. The backend checks a
-        new job's config and the operation's parameters first; the table decides the rest."""
+        new job's config and the operation's parameters first; the table decides the rest.
+        `pace`: the pipelined switch the operation is a step of."""
         check_id("job_id", job)
         if group:
             check_id("group", group)
@@ -425,8 +429,25 @@ class Agent:
             claims=claims,
             params=params or {},
         )
-        await self.engine.apply(event)
+        key = (group, job)
+        if pace is not None:
+            self.engine.paces[key] = pace
+        try:
+            await self.engine.apply(event)
+        finally:
+            if pace is not None and self.engine.paces.get(key) is pace:
+                del self.engine.paces[key]  # refused, or not saved: it never ran
         return self.table.job(group, job).operation
+
+    def pipelines(self, group: str, job: str) -> bool:
+        """Whether the job's saved context can come back step by step while a switch's
+        snapshots are under way (its backend knows the steps)."""
+        known = self.table.find(group, job)
+        if known is None or known.state is not JobState.SAVED:
+            return False
+        backend = self.backends.get(known.backend)
+        ref = JobRef(known.group, known.job, known.config)
+        return isinstance(backend, Pipelined) and backend.pipelines(ref)
 
     async def reset(self, group: str, job: str, wait: float = 5.0, *, epoch: int = 0) -> JobState:
         """Clear a job's fault (for the orchestrator of `epoch`; 0: an operator's

@@ -5,8 +5,7 @@ The orchestrator sends one `SwitchGroup` per node when a group changes hands. Th
 agent works from its own job table, which says where each context really is and
 decides each stage (`JobTable` answers `PlanSwitch`: what to wait for, what to
 snapshot, whether to restore, whether it restored); this module only carries the
-stages out, one after the other, under the group's switch lock. So
-the same request sent again (after an orchestrator restart, say) finishes what
+stages out, under the group's switch lock. So the same request sent again (after an orchestrator restart, say) finishes what
 is left and changes nothing that is done: a switch is idempotent. Each step is
 an ordinary operation of the table, started with the group's fencing token and
 bounded by the switch's deadline; a step that fails quarantines its job (FAULTED)
@@ -22,6 +21,12 @@ the operation and changes nothing in the table (the job stays FAULTED, so no
 switch moves it), while its channel learns where the context went, so that a
 reset reconciles the job to where it really is; until the workload answers, a
 reset leaves it FAULTED, its state unknown.
+
+The restore starts once every snapshot has ended, unless the next job's backend
+can bring its context back step by step (a workload that moves it tag by tag):
+then it starts with the snapshots, and each step comes in once the snapshots
+have freed room for it (`timeslice.agent.pipeline`), so that the two transfers
+overlap.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from timeslice.agent import state as st
+from timeslice.agent.pipeline import Pace
 from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.errors import TimeSliceError
 from timeslice.kinds import OpKind
@@ -58,7 +64,10 @@ class SwitchHost(Protocol):
         params: dict[str, Any] | None = None,
         token: int = 0,
         timeout: float | None = None,
+        pace: Pace | None = None,
     ) -> str: ...
+
+    def pipelines(self, group: str, job: str) -> bool: ...
 
     async def operation(self, op_id: str, wait: float = 0.0) -> Operation: ...
 
@@ -139,35 +148,60 @@ async def switch_group(
         )
         return step
 
-    steps: list[SwitchStep] = []
+    def started(stage: st.SwitchStage) -> st.StartOperations:
+        step = plan(stage)
+        if not isinstance(step, st.StartOperations):
+            raise TypeError(f"not a switch step: {step!r}")
+        return step
+
     async with host.switch_lock(group):
-        for stage in st.SwitchStage:
-            match plan(stage):
-                case st.AwaitOperations(op_ids=op_ids):
-                    for op_id in op_ids:
-                        await host.operation(op_id, max(0.0, deadline - time.time()))
-                case st.StartOperations(kind=kind, jobs=to_move):
-                    limits = (snapshot_limits or {}) if kind is st.SNAPSHOT else {}
-                    choices = {job: jobs.get(job) for job in to_move}
-                    steps += await _run_all(host, group, kind, choices, token, deadline, limits)
-                case st.SwitchEnded() as ended:
-                    faulted = [host.table.jobs[key] for key in ended.faulted]
-                    return SwitchReport(
-                        steps=steps,
-                        restored=ended.restored,
-                        next_state=ended.next_state,
-                        faulted=faulted,
-                    )
-                case other:
-                    raise TypeError(f"not a switch step: {other!r}")
-            if stage is st.SwitchStage.RESTORE:
-                # The snapshots' ends are saved with the restore's start (one write
-                # for both); nothing is answered before all of it is saved.
-                await host.flush()
-    raise AssertionError("a switch plan ends with its report")
+        settle = plan(st.SwitchStage.SETTLE)
+        if not isinstance(settle, st.AwaitOperations):
+            raise TypeError(f"not a switch step: {settle!r}")
+        for op_id in settle.op_ids:
+            await host.operation(op_id, max(0.0, deadline - time.time()))
+        # The snapshots tell `pace` what they free; a restore that can go step by
+        # step starts with them and comes in as fast as they make room, else it
+        # starts once they have all ended.
+        pace = Pace()
+        evict = started(st.SwitchStage.EVICT)
+        limits = snapshot_limits or {}
+        choices = {job: jobs.get(job) for job in evict.jobs}
+        pipelined = host.pipelines(group, next_job)
+        snapshots = await _start_all(
+            host, group, st.SNAPSHOT, choices, token, deadline, limits, pace
+        )
+        restores: list[SwitchStep] = []
+        if pipelined:
+            restore = started(st.SwitchStage.RESTORE)
+            choices = {job: jobs.get(job) for job in restore.jobs}
+            restores = await _start_all(
+                host, group, st.RESTORE, choices, token, deadline, pace=pace
+            )
+        snapshots = await _wait_all(host, snapshots, deadline)
+        pace.open()
+        if not pipelined:
+            restore = started(st.SwitchStage.RESTORE)
+            choices = {job: jobs.get(job) for job in restore.jobs}
+            # One job starts right here, in this turn of the loop: a restore started as
+            # the snapshots end then shares their write of the job table.
+            restores = await _start_all(host, group, st.RESTORE, choices, token, deadline)
+        restores = await _wait_all(host, restores, deadline)
+        # The snapshots' ends are saved with the restore's start (one write for both,
+        # unless pipelined); nothing is answered before all of it is saved.
+        await host.flush()
+        ended = plan(st.SwitchStage.REPORT)
+        if not isinstance(ended, st.SwitchEnded):
+            raise TypeError(f"not a switch step: {ended!r}")
+        return SwitchReport(
+            steps=snapshots + restores,
+            restored=ended.restored,
+            next_state=ended.next_state,
+            faulted=[host.table.jobs[key] for key in ended.faulted],
+        )
 
 
-async def _run_all(
+async def _start_all(
     host: SwitchHost,
     group: str,
     kind: OpKind,
@@ -175,17 +209,24 @@ async def _run_all(
     token: int,
     deadline: float,
     limits: Mapping[str, float] | None = None,
+    pace: Pace | None = None,
 ) -> list[SwitchStep]:
-    """Start `kind` for every job at once, then wait for all of them to end; a job
-    in `limits` has its operation bounded by that many seconds too."""
+    """Start `kind` for every job at once; a job in `limits` has its operation
+    bounded by that many seconds too."""
     limits = limits or {}
     starts = [
-        _start(host, group, kind, job, choice, token, deadline, limits.get(job))
+        _start(host, group, kind, job, choice, token, deadline, limits.get(job), pace)
         for job, choice in jobs.items()
     ]
-    # One job starts right here, in this turn of the loop: a restore started as the
-    # snapshots end then shares their write of the job table.
-    started = [await starts[0]] if len(starts) == 1 else await asyncio.gather(*starts)
+    if len(starts) == 1:  # in this very turn of the loop, no task in between
+        return [await starts[0]]
+    return list(await asyncio.gather(*starts))
+
+
+async def _wait_all(
+    host: SwitchHost, started: list[SwitchStep], deadline: float
+) -> list[SwitchStep]:
+    """Wait for every operation `started` to end; the steps as they ended."""
     for step in started:
         if step.op is not None:
             await host.ended(step.op.op_id, max(0.0, deadline - time.time()))
@@ -206,6 +247,7 @@ async def _start(
     token: int,
     deadline: float,
     limit: float | None = None,
+    pace: Pace | None = None,
 ) -> SwitchStep:
     left = deadline - time.time()
     if left <= 0:
@@ -228,6 +270,7 @@ async def _start(
             params=choice.params if choice is not None else None,
             token=token,
             timeout=left,
+            pace=pace,
         )
     except TimeSliceError as exc:
         return SwitchStep(job=job, kind=kind, op=None, error=exc.message or type(exc).__name__)

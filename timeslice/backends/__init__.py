@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, runtime_checkable
 
 from timeslice.agent.channels import WorkloadChannels
+from timeslice.agent.pipeline import Pace
 from timeslice.errors import ConflictError, InvalidArgumentError
 from timeslice.kinds import SuspendMode
 
@@ -103,6 +104,26 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Release what the backend holds."""
+        ...
+
+
+@runtime_checkable
+class Pipelined(Protocol):
+    """A backend that can move a job's context step by step, so that a switch's
+    restore runs while its snapshots are still under way (see
+    `timeslice.agent.pipeline`)."""
+
+    def pipelines(self, job: JobRef) -> bool:
+        """Whether the job's saved context can come back step by step now, each step
+        once `Pace` lets its bytes in."""
+        ...
+
+    async def snapshot_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:
+        """`snapshot`, telling `pace` the accelerator memory each step frees."""
+        ...
+
+    async def restore_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:
+        """`restore`, each step once `pace` lets it in."""
         ...
 
 

@@ -4,13 +4,22 @@ The agent sends the registered workload a snapshot or restore command and waits
 for its answer; the bytes moved are what the workload measured and reported
 (None if it reported nothing). The suspend mode is resolved from what the
 workload registered: unspecified means its default, else offload.
+
+A workload that registered `pipelined` is moved tag by tag in a switch: its
+snapshot is one command per tag (then one without tags, for whatever carries
+none), each step's freed memory told to the switch's `Pace` as it ends; its
+restore goes in the same steps, each once the memory that step freed fits in
+what the others have freed meanwhile (see `timeslice.agent.pipeline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from timeslice.agent.channels import Result
+from timeslice.agent.pipeline import Pace
 from timeslice.backends import AcceleratorMemory, BackendContext, JobRef, Moved
 from timeslice.errors import ConflictError, InvalidArgumentError
 
@@ -55,9 +64,73 @@ class AppChannelBackend:
             kind,
             str(params.get("mode", "")),
             tuple(params.get("tags", ())),
-            float(params.get("timeout", DEFAULT_TIMEOUT)),
+            _timeout(params),
         )
         return Moved(result.storage_bytes, result.device_bytes)
+
+    # --- pipelined switches ---------------------------------------------------------------
+
+    def pipelines(self, job: JobRef) -> bool:
+        channel = self._channels.get(job.group, job.job)
+        return channel is not None and channel.steps is not None
+
+    async def snapshot_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:
+        channel = self._channels.channel(job.group, job.job)
+        if not channel.capabilities.pipelined:
+            moved = await self._command(job, "snapshot", params)
+            pace.freed(moved.device_bytes)
+            return moved
+        asked = tuple(params.get("tags", ()))
+        # Each tag asked (none: each tag it has, then whatever carries none) in turn.
+        plan: list[tuple[str, ...]] = [(tag,) for tag in asked or channel.capabilities.tags]
+        if not asked:
+            plan.append(())
+        mode = str(params.get("mode", ""))
+        deadline = time.monotonic() + _timeout(params)
+        steps: list[tuple[tuple[str, ...], int | None]] = []
+        results: list[Result] = []
+        channel.steps = None
+        try:
+            for tags in plan:
+                result = await self._channels.step(
+                    channel, "snapshot", mode, tags, deadline - time.monotonic()
+                )
+                results.append(result)
+                if (result.storage_bytes, result.device_bytes) != (0, 0):  # it moved something
+                    steps.append((tags, result.device_bytes))
+                pace.freed(result.device_bytes)
+        except BaseException:
+            if results:  # partly out: where it is, only the workload can say now
+                channel.state = ""
+            raise
+        channel.state, channel.steps = "SAVED", steps
+        return _total(results)
+
+    async def restore_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:
+        channel = self._channels.channel(job.group, job.job)
+        steps = channel.steps
+        asked = tuple(params.get("tags", ()))
+        if steps is None or (asked and asked != tuple(t for tags, _ in steps for t in tags)):
+            # Its steps not known (or other tags asked): all at once, when nothing is left
+            # to wait for.
+            await pace.enter(None)
+            return await self._command(job, "restore", params)
+        deadline = time.monotonic() + _timeout(params)
+        results: list[Result] = []
+        try:
+            for tags, nbytes in steps:
+                await pace.enter(nbytes)
+                results.append(
+                    await self._channels.step(
+                        channel, "restore", "", tags, deadline - time.monotonic()
+                    )
+                )
+        except BaseException:
+            if results:
+                channel.state = ""
+            raise
+        channel.state, channel.steps = "RUNNING", None
+        return _total(results)
 
     async def state(self, job: JobRef) -> str | None:
         # Known while the workload's channel is open; a workload that reconnects
@@ -70,3 +143,18 @@ class AppChannelBackend:
 
     async def close(self) -> None:
         pass
+
+
+def _timeout(params: Mapping[str, Any]) -> float:
+    return float(params.get("timeout", DEFAULT_TIMEOUT))
+
+
+def _total(results: Sequence[Result]) -> Moved:
+    """What the steps moved together (None where any step did not say)."""
+
+    def total(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+    return Moved(
+        total([r.storage_bytes for r in results]), total([r.device_bytes for r in results])
+    )

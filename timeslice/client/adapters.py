@@ -11,9 +11,11 @@ Three kinds, tried in this order:
    vLLM's sleep takes no tags: it always sleeps the whole engine.
 3. Any object with ``snapshot(mode, tags)`` and ``restore(tags)`` methods, such
    as `HostMemoryWorkload`. Its ``supported_modes``, ``default_mode``,
-   ``tags`` and ``store`` (where it keeps an offloaded context: "memory",
-   "file") attributes, when it has them, are the capabilities it registers
-   with, and its ``state`` ("RUNNING" or "SAVED"), when it has one, is what it
+   ``tags``, ``store`` (where it keeps an offloaded context: "memory",
+   "file") and ``pipelined`` (True: it moves its context tag by tag, so that
+   a switch may overlap its restore with another's snapshot; see
+   `timeslice.agent.pipeline`) attributes, when it has them, are the
+   capabilities it registers with, and its ``state`` ("RUNNING" or "SAVED"), when it has one, is what it
    reports when it registers again.
 
 Modes are named "offload" and "discard"; tags are lists of strings.
@@ -50,12 +52,14 @@ VLLM_TAGS: Final = ("weights", "kv_cache")
 class Capabilities:
     """What a workload registers with: the modes it accepts (empty: any), its
     default mode (None: the agent's, offload), its region tags, and where it
-    keeps an offloaded context ("memory", "file"; "": not said)."""
+    keeps an offloaded context ("memory", "file"; "": not said), and whether it
+    moves its context tag by tag (`pipelined`)."""
 
     supported_modes: tuple[str, ...] = ()
     default_mode: str | None = None
     tags: tuple[str, ...] = ()
     store: str = ""
+    pipelined: bool = False
 
 
 @dataclass(frozen=True)
@@ -233,7 +237,11 @@ def _declared(workload: object) -> Capabilities:
         default if isinstance(default, str) else None,
         tags if isinstance(tags, Iterable) else None,
     )
-    return dataclasses.replace(declared, store=store if isinstance(store, str) else "")
+    return dataclasses.replace(
+        declared,
+        store=store if isinstance(store, str) else "",
+        pipelined=getattr(workload, "pipelined", False) is True,
+    )
 
 
 def _merge(explicit: Capabilities, declared: Capabilities | None) -> Capabilities:
@@ -243,6 +251,7 @@ def _merge(explicit: Capabilities, declared: Capabilities | None) -> Capabilitie
         explicit.default_mode or base.default_mode,
         explicit.tags or base.tags,
         base.store,
+        base.pipelined,
     )
     if (
         merged.default_mode is not None

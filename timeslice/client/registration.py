@@ -481,4 +481,5 @@ def _wire_capabilities(capabilities: Capabilities) -> pb.WorkloadCapabilities:
         ),
         tags=list(capabilities.tags),
         store=capabilities.store,
+        pipelined=capabilities.pipelined,
     )

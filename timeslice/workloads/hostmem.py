@@ -104,11 +104,14 @@ class HostMemoryWorkload:
 
     It has what `register_workload` looks for: ``snapshot(mode, tags)``,
     ``restore(tags)``, and the capabilities ``supported_modes``,
-    ``default_mode``, ``tags`` and ``store``.
+    ``default_mode``, ``tags``, ``store`` and ``pipelined``.
     """
 
     supported_modes: tuple[str, ...] = (OFFLOAD, DISCARD)
     default_mode: str = OFFLOAD
+    # A snapshot or restore of some tags moves those only: a switch may move it tag by
+    # tag, and bring the next holder in as this one goes out.
+    pipelined: bool = True
 
     def __init__(self, store_dir: Path | str | None = None, *, store: str | None = None) -> None:
         kind = check_store(store, store_dir)

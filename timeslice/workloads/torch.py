@@ -175,12 +175,16 @@ class TorchWorkload:
 
     ``chunk_bytes``: the most one copy moves at once (4 KiB to 1 GiB; 64 MiB by
     default). It has what `register_workload` drives: ``snapshot(mode, tags)``,
-    ``restore(tags)``, ``supported_modes``, ``default_mode``, ``tags`` and ``state``
-    (SAVED while any tensor is out, even when only some tags were; RUNNING else).
+    ``restore(tags)``, ``supported_modes``, ``default_mode``, ``tags``, ``pipelined``
+    and ``state`` (SAVED while any tensor is out, even when only some tags were;
+    RUNNING else).
     """
 
     supported_modes: tuple[str, ...] = (OFFLOAD, DISCARD)
     default_mode: str = OFFLOAD
+    # A snapshot or restore of some tags moves those only: a switch may move it tag by
+    # tag, and bring the next holder in as this one goes out.
+    pipelined: bool = True
 
     def __init__(self, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         self.chunk_bytes = check_chunk_bytes(chunk_bytes)

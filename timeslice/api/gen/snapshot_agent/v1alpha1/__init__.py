@@ -1004,6 +1004,15 @@ class WorkloadCapabilities(betterproto2.Message):
     said. At most 64 bytes; shown, never acted on.
     """
 
+    pipelined: "bool" = betterproto2.field(101, betterproto2.TYPE_BOOL)
+    """
+    The workload moves its context tag by tag: a snapshot or restore of some
+    tags moves those only, and leaves what is already moved as it is. The agent
+    may then send one command per tag and start a switch's restore while its
+    snapshots are still under way, each tag brought in once as much accelerator
+    memory has been freed.
+    """
+
 
 default_message_pool.register_message(
     "snapshot_agent.v1alpha1", "WorkloadCapabilities", WorkloadCapabilities

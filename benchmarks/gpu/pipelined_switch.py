@@ -35,33 +35,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # timeslice from this checkout
 
+from benchmarks.gpu._torch_cuda import cuda_device  # noqa: E402
+
 GB = 1e9
 GIB = 1 << 30
 SWITCH_TIMEOUT = 120.0
-
-
-def refuse(why: str) -> NoReturn:
-    print(f"pipelined_switch: {why}", file=sys.stderr)
-    sys.exit(2)
-
-
-def cuda_device(index: int) -> Any:
-    try:
-        import torch
-    except ImportError:
-        refuse("needs torch with CUDA: pip install 'timeslice[torch]' (a CUDA build of torch)")
-    if not torch.cuda.is_available():
-        refuse(
-            f"needs a CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none"
-        )
-    if not 0 <= index < torch.cuda.device_count():
-        refuse(f"no CUDA device {index}: this machine has {torch.cuda.device_count()}")
-    return torch.device("cuda", index)
 
 
 # --- 1. the ceiling ---------------------------------------------------------------------------

@@ -32,35 +32,17 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # timeslice from this checkout
+
+from benchmarks.gpu._torch_cuda import cuda_device  # noqa: E402
 
 GB = 1e9
 GIB = 1 << 30
 WIDTH = 4096
 RANK = 16
 TAGS = ("weights", "optimizer", "grads", "lora")
-
-
-def refuse(why: str) -> NoReturn:
-    print(f"torch_workload_cuda: {why}", file=sys.stderr)
-    sys.exit(2)
-
-
-def cuda_device(index: int) -> Any:
-    """The torch device to measure on, or a clear refusal."""
-    try:
-        import torch
-    except ImportError:
-        refuse("needs torch with CUDA: pip install 'timeslice[torch]' (a CUDA build of torch)")
-    if not torch.cuda.is_available():
-        refuse(
-            f"needs a CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none"
-        )
-    if not 0 <= index < torch.cuda.device_count():
-        refuse(f"no CUDA device {index}: this machine has {torch.cuda.device_count()}")
-    return torch.device("cuda", index)
 
 
 def build_state(gib: float, device: Any) -> tuple[Any, Any, Any]:

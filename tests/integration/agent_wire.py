@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpclib.client
 from grpclib.const import Cardinality, Status
@@ -18,8 +18,13 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from h2.exceptions import ProtocolError as H2ProtocolError
 from orchestrator_wire import PassThroughCodec, split_address
 
+from tests.waiting import until
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
+from timeslice.client.workload import WorkloadRegistration, register_workload
+
+if TYPE_CHECKING:
+    from timeslice.agent.server import Agent
 
 SERVICE = "/snapshot_agent.v1alpha1.SnapshotAgentService"
 # Every call made through these helpers ends within this many seconds.
@@ -345,3 +350,19 @@ async def health_status(stubs: AgentStubs, service: str = "") -> Status | Any:
     except GRPCError as exc:
         return exc.status
     return answer.status
+
+
+@asynccontextmanager
+async def registered(
+    agent: Agent, job: str, group: str = "g", **workload: Any
+) -> AsyncIterator[WorkloadRegistration]:
+    """A workload registered with `agent` over the workload channel (once the agent
+    has it), deregistered on exit."""
+    registration = await register_workload(
+        agent.address, job, group, connect_timeout_sec=5, **workload
+    )
+    try:
+        await until(lambda: agent.channels.get(group, job) is not None, f"{job} registered")
+        yield registration
+    finally:
+        await registration.close()

@@ -31,6 +31,7 @@ from agent_wire import (
     OpStatus,
     agent_stubs,
     jobs,
+    registered,
     run_operation,
     snapshot,
     wait_for_job,
@@ -46,7 +47,7 @@ from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import BackendContext
 from timeslice.backends.cuda import CudaBackend
 from timeslice.client import AsyncSnapshotAgentClient, app_channel_config, named_backend
-from timeslice.client.workload import WORKLOAD_CHANNEL, WorkloadRegistration, register_workload
+from timeslice.client.workload import WORKLOAD_CHANNEL
 from timeslice.errors import LeaseLostError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.server import Notice, Orchestrator
@@ -107,22 +108,6 @@ def noop_callbacks() -> dict[str, Any]:
         return None
 
     return {"on_snapshot": on_snapshot, "on_restore": on_restore}
-
-
-@asynccontextmanager
-async def registered(
-    agent: Agent, job: str, group: str = "g", **workload: Any
-) -> AsyncIterator[WorkloadRegistration]:
-    """A workload registered with `agent` over the workload channel (once the agent
-    has it), deregistered on exit."""
-    registration = await register_workload(
-        agent.address, job, group, connect_timeout_sec=5, **workload
-    )
-    try:
-        await until(lambda: agent.channels.get(group, job) is not None, f"{job} registered")
-        yield registration
-    finally:
-        await registration.close()
 
 
 @pytest.fixture

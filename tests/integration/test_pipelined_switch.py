@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from agent_wire import OpStatus
+from agent_wire import OpStatus, registered
 
-from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.client import AsyncSnapshotAgentClient
-from timeslice.client.workload import WorkloadRegistration, register_workload
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,16 +79,6 @@ class Tagged:
         return filled, filled
 
 
-@asynccontextmanager
-async def registered(agent: Agent, workload: Any, job: str) -> AsyncIterator[WorkloadRegistration]:
-    registration = await register_workload(agent.address, job, "g", workload=workload)
-    try:
-        await until(lambda: agent.channels.get("g", job) is not None, f"{job} registered")
-        yield registration
-    finally:
-        await registration.close()
-
-
 @pytest.fixture
 async def client(agent: Agent) -> AsyncIterator[AsyncSnapshotAgentClient]:
     async with AsyncSnapshotAgentClient(agent.address, call_timeout_sec=10) as running:
@@ -129,7 +116,7 @@ async def test_the_restore_comes_in_tag_by_tag_as_the_snapshot_frees_room(
     log: list[Entry] = []
     a = Tagged("a", {"w": 40, "o": 30, "g": 30}, log)
     b = Tagged("b", {"w": 40, "o": 30, "g": 30}, log)
-    async with registered(agent, a, "a"), registered(agent, b, "b"):
+    async with registered(agent, "a", workload=a), registered(agent, "b", workload=b):
         first = await switch(client, "a", 1)  # b out, tag by tag
         assert [(s.job_id, s.kind, s.device_bytes) for s in first.steps] == [("b", "snapshot", 100)]
         assert order(log) == [
@@ -160,7 +147,7 @@ async def test_a_tag_larger_than_what_has_left_waits_for_more(
     log: list[Entry] = []
     a = Tagged("a", {"x": 40, "y": 30, "z": 30}, log)
     b = Tagged("b", {"big": 70, "small": 30}, log)
-    async with registered(agent, a, "a"), registered(agent, b, "b"):
+    async with registered(agent, "a", workload=a), registered(agent, "b", workload=b):
         await switch(client, "a", 1)
         log.clear()
         second = await switch(client, "b", 2)
@@ -178,11 +165,11 @@ async def test_a_restore_whose_steps_are_not_known_comes_in_whole_after_the_snap
     log: list[Entry] = []
     a = Tagged("a", {"w": 40, "o": 30}, log)
     b = Tagged("b", {"w": 40, "o": 30}, log)
-    async with registered(agent, a, "a"):
-        async with registered(agent, b, "b"):
+    async with registered(agent, "a", workload=a):
+        async with registered(agent, "b", workload=b):
             await switch(client, "a", 1)
         # b registers again, saved: the agent no longer knows its steps.
-        async with registered(agent, b, "b"):
+        async with registered(agent, "b", workload=b):
             log.clear()
             second = await switch(client, "b", 2)
             assert second.restored
@@ -196,7 +183,7 @@ async def test_a_workload_that_is_not_pipelined_is_moved_whole_and_frees_at_its_
     log: list[Entry] = []
     a = Tagged("a", {"w": 40, "o": 30}, log, pipelined=False)
     b = Tagged("b", {"w": 40, "o": 30}, log)
-    async with registered(agent, a, "a"), registered(agent, b, "b"):
+    async with registered(agent, "a", workload=a), registered(agent, "b", workload=b):
         await switch(client, "a", 1)
         log.clear()
         second = await switch(client, "b", 2)
@@ -212,7 +199,7 @@ async def test_a_snapshot_failing_half_way_faults_its_job_and_the_restore_ends_w
     log: list[Entry] = []
     a = Tagged("a", {"w": 40, "o": 30, "g": 30}, log, fail_on="o")
     b = Tagged("b", {"w": 40, "o": 30, "g": 30}, log)
-    async with registered(agent, a, "a"), registered(agent, b, "b"):
+    async with registered(agent, "a", workload=a), registered(agent, "b", workload=b):
         await switch(client, "a", 1)
         log.clear()
         second = await switch(client, "b", 2)

@@ -457,18 +457,22 @@ async def measure_rate(
     warmup_cap: float = 60.0,
     slice_s: float = 0.5,
     connect: Connect = channel,
+    drain: float = 0.0,
 ) -> Rate:
     """`loops` tasks, each repeating its step, over ceil(loops / per_connection)
     connections (made by `connect`: gRPC channels by default); count the steps that
     end while the window is open, and in each slice of it (about `slice_s` seconds).
     The window opens `warmup` seconds after the loops start and, with `ready`, once
     it says so (asked every 0.1 s), but at most `warmup_cap` seconds after the
-    start. The loops are cancelled when the window closes."""
+    start. When the window closes the loops are cancelled, or with `drain` each
+    ends after its step under way, and only those still running after `drain`
+    seconds are cancelled (a server that mishandles a call given up on then
+    serves the next measurement as it served this one)."""
     ends: list[float] = []  # when each step ended, while counting
-    counting = False
+    counting = stopping = False
 
     async def loop(step: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        while True:
+        while not stopping:
             await step()
             if counting:
                 ends.append(now())
@@ -501,6 +505,9 @@ async def measure_rate(
             for task in tasks:
                 if task.done():
                     task.result()  # a loop that failed fails the measurement
+            stopping = True
+            if drain > 0:
+                await asyncio.wait(tasks, timeout=drain)
         finally:
             for task in tasks:
                 task.cancel()

@@ -445,7 +445,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "quick": args.quick,
         "nodes": list(NODES),
         "journal": "sqlite file in a temp dir, WAL, synchronous=FULL (orchestrators)",
-        "agent_job_table": "sqlite file in a temp dir, WAL, synchronous=FULL (each agent)",
+        "agent_job_table": "sqlite file in a temp dir, WAL, synchronous=NORMAL (each agent)",
         "transport": "grpclib over TCP loopback; every server in its own process",
     }
     result["machine"] = machine()

@@ -22,7 +22,7 @@ from timeslice.agent.oplog import operation_ended, operation_started
 from timeslice.agent.pipeline import Pace
 from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
-from timeslice.backends import Backend, JobRef, Moved, Pipelined
+from timeslice.backends import Backend, JobRef, Moved, pipelined
 from timeslice.errors import NotFoundError, TimeSliceError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -278,10 +278,10 @@ async def _move(
     snapshot = kind == st.SNAPSHOT
     if pace is None:
         return await (backend.snapshot if snapshot else backend.restore)(job, params)
-    if isinstance(backend, Pipelined):
+    if (paced := pipelined(backend)) is not None:
         if snapshot:
-            return await backend.snapshot_paced(job, params, pace)
-        return await backend.restore_paced(job, params, pace)
+            return await paced.snapshot_paced(job, params, pace)
+        return await paced.restore_paced(job, params, pace)
     if snapshot:
         moved = await backend.snapshot(job, params)
         pace.freed(moved.device_bytes)

@@ -37,9 +37,9 @@ from timeslice.backends import (
     Backend,
     BackendContext,
     JobRef,
-    Pipelined,
     known_backends,
     load_backend,
+    pipelined,
 )
 from timeslice.backends._processes import pid_exists
 from timeslice.errors import ConflictError, InvalidArgumentError, TimeSliceError
@@ -446,8 +446,8 @@ class Agent:
         if known is None or known.state is not JobState.SAVED:
             return False
         backend = self.backends.get(known.backend)
-        ref = JobRef(known.group, known.job, known.config)
-        return isinstance(backend, Pipelined) and backend.pipelines(ref)
+        paced = pipelined(backend) if backend is not None else None
+        return paced is not None and paced.pipelines(JobRef(known.group, known.job, known.config))
 
     async def reset(self, group: str, job: str, wait: float = 5.0, *, epoch: int = 0) -> JobState:
         """Clear a job's fault (for the orchestrator of `epoch`; 0: an operator's

@@ -14,10 +14,11 @@ each call.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
 from timeslice.agent.channels import WorkloadChannels
 from timeslice.agent.pipeline import Pace
@@ -126,6 +127,20 @@ class Pipelined(Protocol):
         """`restore`, each step once `pace` lets it in."""
         ...
 
+
+def pipelined(backend: Backend) -> Pipelined | None:
+    """`backend` as a `Pipelined` one, or None if it is not one."""
+    return cast(Pipelined, backend) if _pipelines(type(backend)) else None
+
+
+@functools.cache
+def _pipelines(kind: type) -> bool:
+    # A runtime-checkable protocol's isinstance reads every attribute it names:
+    # asked once per class, not on every operation.
+    return all(callable(getattr(kind, name, None)) for name in _PIPELINED)
+
+
+_PIPELINED: Final = ("pipelines", "snapshot_paced", "restore_paced")
 
 BackendFactory = Callable[[BackendContext], Backend]
 

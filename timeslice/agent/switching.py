@@ -5,11 +5,12 @@ The orchestrator sends one `SwitchGroup` per node when a group changes hands. Th
 agent works from its own job table, which says where each context really is and
 decides each stage (`JobTable` answers `PlanSwitch`: what to wait for, what to
 snapshot, whether to restore, whether it restored); this module only carries the
-stages out, under the group's switch lock. So the same request sent again (after an orchestrator restart, say) finishes what
-is left and changes nothing that is done: a switch is idempotent. Each step is
-an ordinary operation of the table, started with the group's fencing token and
-bounded by the switch's deadline; a step that fails quarantines its job (FAULTED)
-and the switch goes on with the others.
+stages out, under the group's switch lock. So the same request sent again
+(after an orchestrator restart, say) finishes what is left and changes nothing
+that is done: a switch is idempotent. Each step is an ordinary operation of the
+table, started with the group's fencing token and bounded by the switch's
+deadline; a step that fails quarantines its job (FAULTED) and the switch goes
+on with the others.
 
 A job the orchestrator gives a snapshot limit of its own (a holder that lost the
 group without yielding: its process may be frozen) has its snapshot started

@@ -108,7 +108,6 @@ class Backend(Protocol):
         ...
 
 
-@runtime_checkable
 class Pipelined(Protocol):
     """A backend that can move a job's context step by step, so that a switch's
     restore runs while its snapshots are still under way (see
@@ -128,6 +127,9 @@ class Pipelined(Protocol):
         ...
 
 
+_PIPELINED: Final = ("pipelines", "snapshot_paced", "restore_paced")
+
+
 def pipelined(backend: Backend) -> Pipelined | None:
     """`backend` as a `Pipelined` one, or None if it is not one."""
     return cast(Pipelined, backend) if _pipelines(type(backend)) else None
@@ -139,8 +141,6 @@ def _pipelines(kind: type) -> bool:
     # asked once per class, not on every operation.
     return all(callable(getattr(kind, name, None)) for name in _PIPELINED)
 
-
-_PIPELINED: Final = ("pipelines", "snapshot_paced", "restore_paced")
 
 BackendFactory = Callable[[BackendContext], Backend]
 

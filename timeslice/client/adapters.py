@@ -15,8 +15,8 @@ Three kinds, tried in this order:
    "file") and ``pipelined`` (True: it moves its context tag by tag, so that
    a switch may overlap its restore with another's snapshot; see
    `timeslice.agent.pipeline`) attributes, when it has them, are the
-   capabilities it registers with, and its ``state`` ("RUNNING" or "SAVED"), when it has one, is what it
-   reports when it registers again.
+   capabilities it registers with, and its ``state`` ("RUNNING" or "SAVED"),
+   when it has one, is what it reports when it registers again.
 
 Modes are named "offload" and "discard"; tags are lists of strings.
 """

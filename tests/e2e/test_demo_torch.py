@@ -102,6 +102,8 @@ class FlipsABitAtItsSecondRestore:
 
     def restore(self, tags: list[str]) -> object:
         moved = self.inner.restore(tags)
+        if self.inner.state != "RUNNING":
+            return moved  # one tag of a restore moved tag by tag: not back yet
         self.restores += 1
         if self.restores == 2:
             import torch

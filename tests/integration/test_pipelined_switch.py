@@ -133,6 +133,11 @@ async def test_the_restore_comes_in_tag_by_tag_as_the_snapshot_frees_room(
         }
         assert second.restored
         assert (a.state, b.state) == ("SAVED", "RUNNING")
+        # The restore ran with the snapshot (b's first tag in while a's others went
+        # out); its elapsed time is what it added after the snapshot ended.
+        restore = steps[("b", "restore")]
+        assert restore.overlapped_ms >= STEP * 1000, restore
+        assert steps[("a", "snapshot")].overlapped_ms == 0
         # b's first tag came in as soon as a's first had gone, long before a's last.
         fills = [i for i, e in enumerate(log) if e.what == "fill"]
         frees = [i for i, e in enumerate(log) if e.job == "a" and e.what == "freed"]
@@ -173,6 +178,7 @@ async def test_a_restore_whose_steps_are_not_known_comes_in_whole_after_the_snap
             log.clear()
             second = await switch(client, "b", 2)
             assert second.restored
+            assert [s.overlapped_ms for s in second.steps] == [0, 0]
             assert order(log)[-1] == ("b", "fill", ())
             assert [e.what for e in log].count("fill") == 1
 

@@ -56,7 +56,12 @@ def test_the_switches_move_each_context_out_and_in(timeline: Timeline) -> None:
         assert switch.saved == (previous,) and switch.job != previous
         assert switch.restored
         assert switch.moved_bytes == 2 * ARRAY_BYTES  # one context out, one in
-        assert switch.snapshot > 0 and switch.restore > 0
+        assert switch.snapshot > 0
+        # The restore came in as the snapshot freed room (a pipelined switch): its time
+        # is what it added after the snapshot, which may round to nothing.
+        assert [(s.job, s.bytes) for s in switch.steps if s.kind == "restore"] == [
+            (switch.job, ARRAY_BYTES)
+        ]
         previous = switch.job
 
 

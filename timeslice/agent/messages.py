@@ -54,6 +54,7 @@ def switch_step(step: SwitchStep) -> pb.SwitchStep:
             refused=step.refused,
         )
     answer = operation_response(op)
+    overlapped = round(step.overlap * 1000)
     return pb.SwitchStep(
         job_id=step.job,
         kind=step.kind,
@@ -62,7 +63,8 @@ def switch_step(step: SwitchStep) -> pb.SwitchStep:
         error=answer.error,
         storage_bytes=op.storage_bytes or 0,
         device_bytes=op.device_bytes or 0,
-        elapsed_ms=answer.elapsed_ms,
+        elapsed_ms=max(0, answer.elapsed_ms - overlapped),
+        overlapped_ms=overlapped,
     )
 
 

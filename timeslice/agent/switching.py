@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +101,9 @@ class SwitchStep:
     op: Operation | None
     error: str = ""
     refused: bool = False
+    # Seconds it ran while the switch's snapshots were still under way (a restore
+    # that came in with them).
+    overlap: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +185,7 @@ async def switch_group(
             )
         snapshots = await _wait_all(host, snapshots, deadline)
         pace.open()
+        snapshots_ended = time.time()
         if not pipelined:
             restore = started(st.SwitchStage.RESTORE)
             choices = {job: jobs.get(job) for job in restore.jobs}
@@ -188,6 +193,8 @@ async def switch_group(
             # the snapshots end then shares their write of the job table.
             restores = await _start_all(host, group, st.RESTORE, choices, token, deadline)
         restores = await _wait_all(host, restores, deadline)
+        if pipelined:
+            restores = [_overlapped(step, snapshots_ended) for step in restores]
         # The snapshots' ends are saved with the restore's start (one write for both,
         # unless pipelined); nothing is answered before all of it is saved.
         await host.flush()
@@ -200,6 +207,15 @@ async def switch_group(
             next_state=ended.next_state,
             faulted=[host.table.jobs[key] for key in ended.faulted],
         )
+
+
+def _overlapped(step: SwitchStep, snapshots_ended: float) -> SwitchStep:
+    """`step` with how long it ran before the snapshots had all ended."""
+    if step.op is None:
+        return step
+    end = step.op.finished if step.op.finished is not None else snapshots_ended
+    overlap = max(0.0, min(end, snapshots_ended) - step.op.started)
+    return dataclasses.replace(step, overlap=overlap)
 
 
 async def _start_all(

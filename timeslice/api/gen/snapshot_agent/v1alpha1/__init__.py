@@ -966,11 +966,21 @@ class SwitchStep(betterproto2.Message):
     device_bytes: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
 
     elapsed_ms: "int" = betterproto2.field(8, betterproto2.TYPE_INT64)
+    """
+    How long it took; for a restore that came in with the snapshots (a pipelined
+    switch), from the moment they had all ended: the time it added after them.
+    """
 
     refused: "bool" = betterproto2.field(9, betterproto2.TYPE_BOOL)
     """
     The agent refused to start it (no operation_id): the job's registration
     names processes its registrant does not own. The job is quarantined.
+    """
+
+    overlapped_ms: "int" = betterproto2.field(10, betterproto2.TYPE_INT64)
+    """
+    How long it ran while the switch's snapshots were still under way (a
+    restore of a pipelined switch); 0 for any other step.
     """
 
 

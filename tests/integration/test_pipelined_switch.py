@@ -46,6 +46,7 @@ class Tagged:
     log: list[Entry]
     pipelined: bool = True
     fail_on: str = ""  # a tag whose snapshot fails
+    step: float = STEP  # seconds a tag takes to move
     out: set[str] = field(default_factory=set)
 
     @property
@@ -60,7 +61,7 @@ class Tagged:
         chosen = [t for t in (tags or self.tags) if t not in self.out]
         freed = 0
         for tag in chosen:
-            await asyncio.sleep(STEP)
+            await asyncio.sleep(self.step)
             if tag == self.fail_on:
                 self.log.append(Entry(self.name, "failed", tuple(tags), freed))
                 raise RuntimeError(f"cannot move {tag}")
@@ -74,7 +75,7 @@ class Tagged:
         filled = sum(self.sizes[t] for t in chosen)
         self.log.append(Entry(self.name, "fill", tuple(tags), filled))
         for tag in chosen:
-            await asyncio.sleep(STEP)
+            await asyncio.sleep(self.step)
             self.out.discard(tag)
         return filled, filled
 
@@ -218,3 +219,20 @@ async def test_a_snapshot_failing_half_way_faults_its_job_and_the_restore_ends_w
         fills = [e.tags for e in log if e.what == "fill"]
         assert fills == [("w",), ("o",), ("g",)]
         assert agent.table.jobs[("g", "a")].state.value == "FAULTED"
+
+
+async def test_a_workload_whose_snapshot_is_quick_is_moved_whole_the_next_time(
+    agent: Agent, client: AsyncSnapshotAgentClient
+) -> None:
+    log: list[Entry] = []
+    a = Tagged("a", {"w": 40, "o": 30}, log, step=0.001)
+    b = Tagged("b", {"w": 40, "o": 30}, log, step=0.001)
+    async with registered(agent, "a", workload=a), registered(agent, "b", workload=b):
+        await switch(client, "a", 1)  # b's first: tag by tag, its time not known yet
+        assert [e.tags for e in log] == [("w",), ("o",), ()]
+        log.clear()
+        await switch(client, "b", 2)  # a's first: tag by tag; b in, in its steps
+        log.clear()
+        third = await switch(client, "a", 3)  # b's snapshot took ms: one command
+        assert third.restored
+        assert [(e.job, e.what, e.tags) for e in log if e.job == "b"] == [("b", "freed", ())]

@@ -100,6 +100,9 @@ class WorkloadChannel:
     # brings back in the same steps; None: not known (nothing since it registered,
     # a snapshot of one step, or a restore since).
     steps: list[tuple[tuple[str, ...], int | None]] | None = None
+    # Seconds its last snapshot in a switch took (None: none yet): one quicker than
+    # `timeslice.backends.app_channel.STEPPED_SNAPSHOT_S` is not worth a command per tag.
+    snapshot_seconds: float | None = None
     # Who opened it ("uid 1000", "principal trainer-a", "" anonymous), whether that
     # caller may replace anyone's channel (an operator), and the caller for logs.
     owner: str = ""

@@ -9,7 +9,9 @@ A workload that registered `pipelined` is moved tag by tag in a switch: its
 snapshot is one command per tag (then one without tags, for whatever carries
 none), each step's freed memory told to the switch's `Pace` as it ends; its
 restore goes in the same steps, each once the memory that step freed fits in
-what the others have freed meanwhile (see `timeslice.agent.pipeline`).
+what the others have freed meanwhile (see `timeslice.agent.pipeline`). One
+whose last snapshot took less than `STEPPED_SNAPSHOT_S` is moved whole: its
+round trips would cost more than the overlap saves.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from timeslice.errors import ConflictError, InvalidArgumentError
 
 # How long a command may take when the operation gives no deadline of its own.
 DEFAULT_TIMEOUT = 300.0
+# A pipelined workload whose last snapshot took less than this is moved whole: a
+# command per tag would cost more round trips than the overlap could save.
+STEPPED_SNAPSHOT_S = 0.05
 
 
 class AppChannelBackend:
@@ -76,8 +81,11 @@ class AppChannelBackend:
 
     async def snapshot_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:
         channel = self._channels.channel(job.group, job.job)
-        if not channel.capabilities.pipelined:
+        started = time.monotonic()
+        last = channel.snapshot_seconds
+        if not channel.capabilities.pipelined or (last is not None and last < STEPPED_SNAPSHOT_S):
             moved = await self._command(job, "snapshot", params)
+            channel.snapshot_seconds = time.monotonic() - started
             pace.freed(moved.device_bytes)
             return moved
         asked = tuple(params.get("tags", ()))
@@ -86,7 +94,7 @@ class AppChannelBackend:
         if not asked:
             plan.append(())
         mode = str(params.get("mode", ""))
-        deadline = time.monotonic() + _timeout(params)
+        deadline = started + _timeout(params)
         steps: list[tuple[tuple[str, ...], int | None]] = []
         results: list[Result] = []
         channel.steps = None
@@ -104,6 +112,7 @@ class AppChannelBackend:
                 channel.state = ""
             raise
         channel.state, channel.steps = "SAVED", steps
+        channel.snapshot_seconds = time.monotonic() - started
         return _total(results)
 
     async def restore_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:

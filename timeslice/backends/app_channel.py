@@ -104,8 +104,9 @@ class AppChannelBackend:
                     channel, "snapshot", mode, tags, deadline - time.monotonic()
                 )
                 results.append(result)
-                if (result.storage_bytes, result.device_bytes) != (0, 0):  # it moved something
-                    steps.append((tags, result.device_bytes))
+                # Every step, even one that says it moved nothing: the restore replays
+                # them all, so that nothing a workload moved unsaid stays out.
+                steps.append((tags, result.device_bytes))
                 pace.freed(result.device_bytes)
         except BaseException:
             if results:  # partly out: where it is, only the workload can say now
@@ -128,7 +129,9 @@ class AppChannelBackend:
         results: list[Result] = []
         try:
             for tags, nbytes in steps:
-                await pace.enter(nbytes)
+                # A step that said it freed nothing may have moved something unsaid:
+                # as a size not known, it waits for every snapshot to end.
+                await pace.enter(nbytes or None)
                 results.append(
                     await self._channels.step(
                         channel, "restore", "", tags, deadline - time.monotonic()

@@ -38,13 +38,16 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from timeslice.agent import state as st
 from timeslice.agent.pipeline import Pace
 from timeslice.agent.state import Job, JobState, JobTable, Operation
 from timeslice.errors import TimeSliceError
 from timeslice.kinds import OpKind
+
+
+_E = TypeVar("_E", bound=st.Effect)
 
 
 class SwitchHost(Protocol):
@@ -138,7 +141,7 @@ async def switch_group(
     named = tuple(jobs)
     registered = tuple(j for j, c in jobs.items() if c is not None and c.backend is not None)
 
-    def plan(stage: st.SwitchStage) -> st.Effect:
+    def plan(stage: st.SwitchStage, expected: type[_E]) -> _E:
         [step] = host.table.handle(
             st.PlanSwitch(
                 now=time.time(),
@@ -151,56 +154,44 @@ async def switch_group(
                 epoch=epoch,
             )
         )
-        return step
-
-    def started(stage: st.SwitchStage) -> st.StartOperations:
-        step = plan(stage)
-        if not isinstance(step, st.StartOperations):
+        if not isinstance(step, expected):
             raise TypeError(f"not a switch step: {step!r}")
         return step
 
+    async def start_restore(pace: Pace | None) -> list[SwitchStep]:
+        restore = plan(st.SwitchStage.RESTORE, st.StartOperations)
+        choices = {job: jobs.get(job) for job in restore.jobs}
+        return await _start_all(host, group, st.RESTORE, choices, token, deadline, pace=pace)
+
     async with host.switch_lock(group):
-        settle = plan(st.SwitchStage.SETTLE)
-        if not isinstance(settle, st.AwaitOperations):
-            raise TypeError(f"not a switch step: {settle!r}")
-        for op_id in settle.op_ids:
+        for op_id in plan(st.SwitchStage.SETTLE, st.AwaitOperations).op_ids:
             await host.operation(op_id, max(0.0, deadline - time.time()))
         # The snapshots tell `pace` what they free; a restore that can go step by
         # step starts with them and comes in as fast as they make room, else it
         # starts once they have all ended.
         pace = Pace()
-        evict = started(st.SwitchStage.EVICT)
+        evict = plan(st.SwitchStage.EVICT, st.StartOperations)
         limits = snapshot_limits or {}
         choices = {job: jobs.get(job) for job in evict.jobs}
         pipelined = host.pipelines(group, next_job)
         snapshots = await _start_all(
             host, group, st.SNAPSHOT, choices, token, deadline, limits, pace
         )
-        restores: list[SwitchStep] = []
-        if pipelined:
-            restore = started(st.SwitchStage.RESTORE)
-            choices = {job: jobs.get(job) for job in restore.jobs}
-            restores = await _start_all(
-                host, group, st.RESTORE, choices, token, deadline, pace=pace
-            )
+        restores = await start_restore(pace) if pipelined else []
         snapshots = await _wait_all(host, snapshots, deadline)
         pace.open()
         snapshots_ended = time.time()
         if not pipelined:
-            restore = started(st.SwitchStage.RESTORE)
-            choices = {job: jobs.get(job) for job in restore.jobs}
             # One job starts right here, in this turn of the loop: a restore started as
             # the snapshots end then shares their write of the job table.
-            restores = await _start_all(host, group, st.RESTORE, choices, token, deadline)
+            restores = await start_restore(None)
         restores = await _wait_all(host, restores, deadline)
         if pipelined:
             restores = [_overlapped(step, snapshots_ended) for step in restores]
         # The snapshots' ends are saved with the restore's start (one write for both,
         # unless pipelined); nothing is answered before all of it is saved.
         await host.flush()
-        ended = plan(st.SwitchStage.REPORT)
-        if not isinstance(ended, st.SwitchEnded):
-            raise TypeError(f"not a switch step: {ended!r}")
+        ended = plan(st.SwitchStage.REPORT, st.SwitchEnded)
         return SwitchReport(
             steps=snapshots + restores,
             restored=ended.restored,

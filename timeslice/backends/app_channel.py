@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from timeslice.agent.channels import Result
+from timeslice.agent.channels import Result, WorkloadChannel
 from timeslice.agent.pipeline import Pace
 from timeslice.backends import AcceleratorMemory, BackendContext, JobRef, Moved
-from timeslice.errors import ConflictError, InvalidArgumentError
+from timeslice.errors import InvalidArgumentError
 
 # How long a command may take when the operation gives no deadline of its own.
 DEFAULT_TIMEOUT = 300.0
@@ -45,14 +45,11 @@ class AppChannelBackend:
             raise InvalidArgumentError(
                 f"app_channel takes no job options, got {sorted(job.config)}"
             )
-        if self._channels.get(job.group, job.job) is None:
-            raise ConflictError(f"job {job.job} has no workload channel open (is it registered?)")
+        self._channels.channel(job.group, job.job)  # ConflictError if none is open
         return ()
 
     async def check_operation(self, job: JobRef, kind: str, params: Mapping[str, Any]) -> None:
-        channel = self._channels.get(job.group, job.job)
-        if channel is None:
-            raise ConflictError(f"job {job.job} has no workload channel open (is it registered?)")
+        channel = self._channels.channel(job.group, job.job)
         if kind == "snapshot":
             channel.capabilities.resolve_mode(str(params.get("mode", "")))
 
@@ -85,16 +82,22 @@ class AppChannelBackend:
         last = channel.snapshot_seconds
         if not channel.capabilities.pipelined or (last is not None and last < STEPPED_SNAPSHOT_S):
             moved = await self._command(job, "snapshot", params)
-            channel.snapshot_seconds = time.monotonic() - started
             pace.freed(moved.device_bytes)
-            return moved
+        else:
+            moved = await self._snapshot_steps(channel, params, pace, started + _timeout(params))
+        channel.snapshot_seconds = time.monotonic() - started
+        return moved
+
+    async def _snapshot_steps(
+        self, channel: WorkloadChannel, params: Mapping[str, Any], pace: Pace, deadline: float
+    ) -> Moved:
+        """Snapshot tag by tag, telling `pace` what each step freed; keep the steps."""
         asked = tuple(params.get("tags", ()))
         # Each tag asked (none: each tag it has, then whatever carries none) in turn.
         plan: list[tuple[str, ...]] = [(tag,) for tag in asked or channel.capabilities.tags]
         if not asked:
             plan.append(())
         mode = str(params.get("mode", ""))
-        deadline = started + _timeout(params)
         steps: list[tuple[tuple[str, ...], int | None]] = []
         results: list[Result] = []
         channel.steps = None
@@ -113,7 +116,6 @@ class AppChannelBackend:
                 channel.state = ""
             raise
         channel.state, channel.steps = "SAVED", steps
-        channel.snapshot_seconds = time.monotonic() - started
         return _total(results)
 
     async def restore_paced(self, job: JobRef, params: Mapping[str, Any], pace: Pace) -> Moved:

@@ -1,14 +1,16 @@
-"""The replies encoded by hand are byte for byte betterproto2's encoding of the same
+"""The messages encoded by hand are byte for byte betterproto2's encoding of the same
 message, whatever their values."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from timeslice.api import hot
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 
 int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -78,5 +80,142 @@ def test_a_keep_alive_response(
         lease=lease_message(lease_id, ttl_ms, expires_at),
         fencing_token=token,
         yield_requested=asked,
+    )
+    assert ours == bytes(theirs)
+
+
+# --- a switch ------------------------------------------------------------------------------
+
+job_states = st.sampled_from(list(apb.JobState))
+statuses = st.sampled_from(list(apb.OperationStatus))
+livenesses = st.sampled_from(list(apb.Liveness))
+
+
+@st.composite
+def job_statuses(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "job_id": draw(texts),
+        "state": draw(job_states),
+        "group": draw(texts),
+        "backend": draw(texts),
+        "fault": draw(texts),
+        "operation_id": draw(texts),
+        "liveness": draw(livenesses),
+        "store": draw(texts),
+    }
+
+
+@st.composite
+def switch_steps(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "job_id": draw(texts),
+        "kind": draw(texts),
+        "operation_id": draw(texts),
+        "status": draw(statuses),
+        "error": draw(st.none() | texts),
+        "storage_bytes": draw(int64),
+        "device_bytes": draw(int64),
+        "elapsed_ms": draw(int64),
+        "refused": draw(st.booleans()),
+        "overlapped_ms": draw(int64),
+    }
+
+
+@given(job_statuses())
+def test_a_job_status(fields: dict[str, Any]) -> None:
+    assert hot.job_status(**fields) == bytes(apb.JobStatus(**fields))
+
+
+@given(switch_steps())
+def test_a_switch_step(fields: dict[str, Any]) -> None:
+    assert hot.switch_step(**fields) == bytes(apb.SwitchStep(**fields))
+
+
+@given(
+    st.lists(switch_steps(), max_size=4),
+    st.booleans(),
+    job_states,
+    st.lists(job_statuses(), max_size=3),
+    texts,
+    st.lists(job_statuses(), max_size=4),
+    uint64,
+)
+def test_a_switch_group_response(
+    steps: list[dict[str, Any]],
+    restored: bool,
+    next_state: apb.JobState,
+    faulted: list[dict[str, Any]],
+    node: str,
+    jobs: list[dict[str, Any]],
+    version: int,
+) -> None:
+    ours = hot.switch_group_response(
+        steps=[hot.switch_step(**s) for s in steps],
+        restored=restored,
+        next_state=next_state,
+        faulted=[hot.job_status(**j) for j in faulted],
+        node_name=node,
+        jobs=[hot.job_status(**j) for j in jobs],
+        table_version=version,
+    )
+    theirs = apb.SwitchGroupResponse(
+        steps=[apb.SwitchStep(**s) for s in steps],
+        restored=restored,
+        next_state=next_state,
+        faulted=[apb.JobStatus(**j) for j in faulted],
+        node_name=node,
+        jobs=[apb.JobStatus(**j) for j in jobs],
+        table_version=version,
+    )
+    assert ours == bytes(theirs)
+    assert apb.SwitchGroupResponse.FromString(ours).to_dict() == theirs.to_dict()
+
+
+backends = st.sampled_from(
+    [
+        None,
+        apb.BackendConfig(named=apb.NamedBackendConfig(name="noop")),
+        apb.BackendConfig(app_channel=apb.AppChannelConfig()),
+    ]
+)
+
+
+@st.composite
+def switch_jobs(draw: st.DrawFn) -> apb.SwitchJob:
+    return apb.SwitchJob(
+        job_id=draw(texts),
+        backend_config=draw(backends),
+        snapshot_timeout_ms=draw(int64),
+        registered_by=draw(texts),
+    )
+
+
+@given(texts, texts, uint64, int64, st.lists(switch_jobs(), max_size=4), st.binary(), uint64)
+def test_a_switch_group_request(
+    group: str,
+    next_job: str,
+    token: int,
+    timeout_ms: int,
+    jobs: list[apb.SwitchJob],
+    proof: bytes,
+    epoch: int,
+) -> None:
+    ours = hot.switch_group_request(
+        group=group,
+        next_job_id=next_job,
+        fencing_token=token,
+        timeout_ms=timeout_ms,
+        jobs=b"".join(hot.switch_job(bytes(job)) for job in jobs),
+        token_proof=proof,
+        orchestrator_epoch=epoch,
+    )
+    theirs = apb.SwitchGroupRequest(
+        group=group,
+        next_job_id=next_job,
+        fencing_token=token,
+        timeout_ms=timeout_ms,
+        jobs=jobs,
+        token_proof=proof,
+        orchestrator_epoch=epoch,
     )
     assert ours == bytes(theirs)

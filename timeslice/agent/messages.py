@@ -4,12 +4,14 @@ workload commands and capabilities."""
 from __future__ import annotations
 
 import time
-from typing import Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 from timeslice.agent import state as st
 from timeslice.agent.channels import Capabilities, Command
 from timeslice.agent.state import Job, JobState, Operation, OpStatus
-from timeslice.agent.switching import SwitchStep
+from timeslice.agent.switching import SwitchReport, SwitchStep
+from timeslice.api import hot
 from timeslice.api.backend_config import MODE_NAME
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
@@ -31,40 +33,68 @@ _LIVENESS: Final = {
 def job_status(job: Job, liveness: Liveness, store: str = "") -> pb.JobStatus:
     """A job of the table as the wire shows it; `store` is where its workload, over
     the channel open now, said it keeps an offloaded context."""
-    return pb.JobStatus(
-        job_id=job.job,
-        state=JOB_STATE[job.state],
-        group=job.group,
-        backend=job.backend,
-        fault=job.fault,
-        operation_id=job.operation,
-        liveness=_LIVENESS[liveness],
-        store=store,
-    )
+    return pb.JobStatus(**_job_status_fields(job, liveness, store))
 
 
-def switch_step(step: SwitchStep) -> pb.SwitchStep:
+def _job_status_fields(job: Job, liveness: Liveness, store: str = "") -> dict[str, Any]:
+    return {
+        "job_id": job.job,
+        "state": JOB_STATE[job.state],
+        "group": job.group,
+        "backend": job.backend,
+        "fault": job.fault,
+        "operation_id": job.operation,
+        "liveness": _LIVENESS[liveness],
+        "store": store,
+    }
+
+
+def _switch_step_fields(step: SwitchStep) -> dict[str, Any]:
     op = step.op
     if op is None:
-        return pb.SwitchStep(
-            job_id=step.job,
-            kind=step.kind,
-            status=pb.OperationStatus.FAILED,
-            error=step.error,
-            refused=step.refused,
-        )
-    answer = operation_response(op)
+        return {
+            "job_id": step.job,
+            "kind": step.kind,
+            "status": pb.OperationStatus.FAILED,
+            "error": step.error,
+            "refused": step.refused,
+        }
+    status, error, elapsed_ms = _outcome(op)
     overlapped = round(step.overlap * 1000)
-    return pb.SwitchStep(
-        job_id=step.job,
-        kind=step.kind,
-        operation_id=op.op_id,
-        status=answer.status,
-        error=answer.error,
-        storage_bytes=op.storage_bytes or 0,
-        device_bytes=op.device_bytes or 0,
-        elapsed_ms=max(0, answer.elapsed_ms - overlapped),
-        overlapped_ms=overlapped,
+    return {
+        "job_id": step.job,
+        "kind": step.kind,
+        "operation_id": op.op_id,
+        "status": status,
+        "error": error,
+        "storage_bytes": op.storage_bytes or 0,
+        "device_bytes": op.device_bytes or 0,
+        "elapsed_ms": max(0, elapsed_ms - overlapped),
+        "overlapped_ms": overlapped,
+    }
+
+
+def switch_group_reply(
+    report: SwitchReport,
+    node: str,
+    jobs: Iterable[Job],
+    version: int,
+    liveness: Callable[[Job], Liveness],
+) -> bytes:
+    """The `SwitchGroupResponse` of `report`, with `jobs` (the group's) as they are
+    now, encoded by hand (`timeslice.api.hot`: it is on every switch's path)."""
+
+    def status(job: Job) -> bytes:
+        return hot.job_status(**_job_status_fields(job, liveness(job)))
+
+    return hot.switch_group_response(
+        steps=[hot.switch_step(**_switch_step_fields(step)) for step in report.steps],
+        restored=report.restored,
+        next_state=JOB_STATE[report.next_state] if report.next_state else 0,
+        faulted=[status(job) for job in report.faulted],
+        node_name=node,
+        jobs=[status(job) for job in jobs],
+        table_version=version,
     )
 
 
@@ -92,16 +122,23 @@ def command_message(command: Command) -> pb.AgentCommand:
 
 
 def operation_response(op: Operation) -> pb.GetOperationResponse:
-    end = op.finished if op.finished is not None else time.time()
     complete = op.status is OpStatus.COMPLETE
+    status, error, elapsed_ms = _outcome(op)
     return pb.GetOperationResponse(
-        status=_OP_STATUS[op.status],
+        status=status,
         storage_bytes=op.storage_bytes if complete else None,
         snapshot_device_bytes=op.device_bytes if complete else None,
-        elapsed_ms=round((end - op.started) * 1000),
-        error=op.error if op.status is OpStatus.FAILED else None,
+        elapsed_ms=elapsed_ms,
+        error=error,
         job_id=op.job,
         group=op.group,
         kind=op.kind,
         backend=op.backend,
     )
+
+
+def _outcome(op: Operation) -> tuple[pb.OperationStatus, str | None, int]:
+    """An operation's status, error (None unless it failed) and milliseconds so far."""
+    end = op.finished if op.finished is not None else time.time()
+    error = op.error if op.status is OpStatus.FAILED else None
+    return _OP_STATUS[op.status], error, round((end - op.started) * 1000)

@@ -30,14 +30,14 @@ from timeslice.agent.messages import (
     command_message,
     job_status,
     operation_response,
-    switch_step,
+    switch_group_reply,
 )
 from timeslice.agent.state import Job, JobState
 from timeslice.agent.switching import BackendChoice, SwitchHost, switch_group
 from timeslice.api.backend_config import backend_of
 from timeslice.api.health import HealthService as SharedHealthService
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
-from timeslice.api.serving import CallGate, edge_mapping
+from timeslice.api.serving import CallGate, Encoded, edge_mapping
 from timeslice.backends import AcceleratorMemory, Backend
 from timeslice.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from timeslice.ids import check_id
@@ -158,7 +158,8 @@ class AgentService(pb.SnapshotAgentServiceBase):
             version=package_version(),
         )
 
-    async def switch_group(self, message: pb.SwitchGroupRequest) -> pb.SwitchGroupResponse:
+    # Its answer is encoded by hand (`timeslice.api.hot`), and sent by the edge as it is.
+    async def switch_group(self, message: pb.SwitchGroupRequest) -> Encoded:  # type: ignore[override]
         authorize_call(Verb.SWITCH, group=message.group)
         check_id("group", message.group)
         if message.next_job_id:
@@ -197,20 +198,15 @@ class AgentService(pb.SnapshotAgentServiceBase):
             snapshot_limits,
             epoch=epoch,
         )
-        return pb.SwitchGroupResponse(
-            steps=[switch_step(step) for step in report.steps],
-            restored=report.restored,
-            next_state=JOB_STATE[report.next_state]
-            if report.next_state
-            else pb.JobState.UNSPECIFIED,
-            faulted=[job_status(job, self.agent.liveness(job)) for job in report.faulted],
-            node_name=self.agent.config.node_name,
-            jobs=[
-                job_status(job, self.agent.liveness(job))
-                for job in self.agent.table.jobs.values()
-                if job.group == message.group
-            ],
-            table_version=self.agent.table.version,
+        table = self.agent.table
+        return Encoded.of_body(
+            switch_group_reply(
+                report,
+                self.agent.config.node_name,
+                [job for job in table.jobs.values() if job.group == message.group],
+                table.version,
+                self.agent.liveness,
+            )
         )
 
     async def reset_job(self, message: pb.ResetJobRequest) -> pb.ResetJobResponse:

@@ -56,6 +56,7 @@ _documents = sa.Table(
 )
 _meta = meta_table(_metadata, "agent_meta")
 _KEY = "job_table"
+_SAVE = "INSERT OR REPLACE INTO agent_state (key, saved_at, doc) VALUES (?, ?, ?)"
 _WHAT = "job table"
 
 
@@ -68,6 +69,7 @@ class StateStore:
         self._memory: str | None = None
         self._engine: sa.Engine | None = None
         self._writer: sa.Connection | None = None  # opened by the first save
+        self._raw: Any = None  # its DB-API connection
         self._executor: ThreadPoolExecutor | None = None
 
     async def open(self) -> None:
@@ -98,7 +100,7 @@ class StateStore:
             raise
 
     async def close(self) -> None:
-        writer, self._writer = self._writer, None
+        writer, self._writer, self._raw = self._writer, None, None
         if writer is not None:
             writer.close()  # on the thread that opened it
         engine, self._engine = self._engine, None
@@ -138,16 +140,14 @@ class StateStore:
             # One connection kept for the writes, on this thread, and the statements
             # on its DB-API connection: a pool checkout and SQLAlchemy's
             # per-statement work would cost more than the write itself.
-            if self._writer is None:
+            if self._raw is None:
                 self._writer = self._engine.connect()
-            raw = self._writer.connection.dbapi_connection
+                self._raw = self._writer.connection.dbapi_connection
+            raw = self._raw
             assert raw is not None
             raw.execute("BEGIN IMMEDIATE")
             try:
-                raw.execute(
-                    "INSERT OR REPLACE INTO agent_state (key, saved_at, doc) VALUES (?, ?, ?)",
-                    (_KEY, time.time(), text),
-                )
+                raw.execute(_SAVE, (_KEY, time.time(), text))
                 raw.execute("COMMIT")
             except BaseException:
                 rollback(raw)

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from grpclib.client import Channel
 
+from timeslice.api import hot
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.client._bridge import LoopThread
@@ -68,6 +69,7 @@ _WAIT_SLICE_SEC = 30.0
 # How much longer than the agent's own wait the client waits for its answer.
 # More than a second: grpclib sends a deadline over 10 s in whole seconds, cut down.
 _WAIT_BACKSTOP_SEC = 2.0
+_SWITCH_GROUP = "/snapshot_agent.v1alpha1.SnapshotAgentService/SwitchGroup"
 # A PENDING answer sooner than this (and than half the wait asked for) comes from
 # an agent that does not wait (a v1alpha1 one): the client then polls instead.
 _EARLY_ANSWER_SEC = 0.5
@@ -269,7 +271,7 @@ class AsyncSnapshotAgentClient:
         next_job_id: str,
         fencing_token: int,
         *,
-        jobs: Sequence[pb.SwitchJob] = (),
+        jobs: Sequence[pb.SwitchJob | bytes] = (),
         timeout_sec: float,
         token_proof: bytes = b"",
         orchestrator_epoch: int = 0,
@@ -277,24 +279,35 @@ class AsyncSnapshotAgentClient:
         """The node's part of a switch of ``group`` to ``next_job_id`` (the
         orchestrator's call): every other live context of the group snapshotted,
         then the next job's restored if saved. Safe to repeat, so it is retried
-        while the agent cannot be reached, within ``timeout_sec``. ``token_proof``:
-        the orchestrator's proof that the token and ``orchestrator_epoch`` (its
-        epoch; 0: not an orchestrator's call) are its own (`timeslice.fencing`)."""
+        while the agent cannot be reached, within ``timeout_sec``. ``jobs``: each a
+        ``SwitchJob``, or its encoding (``bytes(job)``, kept by a caller that sends
+        the same ones again). ``token_proof``: the orchestrator's proof that the
+        token and ``orchestrator_epoch`` (its epoch; 0: not an orchestrator's
+        call) are its own (`timeslice.fencing`)."""
         _check_timeout(timeout_sec)
         stubs = self._connect()
+        # Encoded once for every try (`timeslice.api.hot`: it is on every switch's path).
+        framed = b"".join(
+            hot.switch_job(job if isinstance(job, bytes) else bytes(job)) for job in jobs
+        )
 
         def send(left: float) -> Awaitable[pb.SwitchGroupResponse]:
-            request = pb.SwitchGroupRequest(
+            request = hot.switch_group_request(
                 group=group,
                 next_job_id=next_job_id,
                 fencing_token=fencing_token,
                 timeout_ms=max(1, round(left * 1000)),
-                jobs=list(jobs),
+                jobs=framed,
                 token_proof=token_proof,
                 orchestrator_epoch=orchestrator_epoch,
             )
             # The agent answers by its deadline; the call's own outlasts it a little.
-            return stubs.agent.switch_group(request, timeout=left + _WAIT_BACKSTOP_SEC)
+            return stubs.agent._unary_unary(
+                _SWITCH_GROUP,
+                hot.Prepared(request),
+                pb.SwitchGroupResponse,
+                timeout=left + _WAIT_BACKSTOP_SEC,
+            )
 
         return await self._read(f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send)
 

@@ -26,6 +26,7 @@ failed snapshot. A yielding holder's snapshot has the whole switch timeout.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -86,6 +87,8 @@ class HandoffDriver:
         self.revoked_snapshot_timeout = revoked_snapshot_timeout
         self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
+        # Each job's SwitchJob as it was last sent, encoded, by what it is made of.
+        self._encoded_jobs: dict[tuple[str, str, int, str], bytes] = {}
 
     def start(self, switch: ev.SwitchStarted) -> None:
         """Run `switch`; one still running for an older grant of the group is dropped
@@ -192,9 +195,10 @@ class HandoffDriver:
         limit = self.revoked_snapshot_timeout
         return limit if limit is not None and limit < self.timeout else None
 
-    def _jobs(self, group: str, node: str, revoked: str) -> Iterable[apb.SwitchJob]:
+    def _jobs(self, group: str, node: str, revoked: str) -> Iterable[bytes]:
         """The group's jobs the table knows, each with the backend it registered
-        (and the revoked one with its shorter snapshot limit)."""
+        (and the revoked one with its shorter snapshot limit): `SwitchJob`s,
+        encoded (each once for as long as it stays the same)."""
         table = self.journaled.table
         g = table.groups.get(group)
         registered = table.job_backends.get(group, {})
@@ -209,13 +213,21 @@ class HandoffDriver:
             config = registered.get(job, {})
             where = node if node in config else ""
             chosen = config.get(where)
-            backend = apb.BackendConfig.from_dict(chosen) if chosen is not None else None
-            yield apb.SwitchJob(
-                job_id=job,
-                backend_config=backend,
-                snapshot_timeout_ms=limit_ms if job == revoked else 0,
-                registered_by=table.registrant(group, job, where) if chosen is not None else "",
-            )
+            by = table.registrant(group, job, where) if chosen is not None else ""
+            job_limit = limit_ms if job == revoked else 0
+            key = (job, json.dumps(chosen, sort_keys=True), job_limit, by)
+            if (encoded := self._encoded_jobs.get(key)) is None:
+                backend = apb.BackendConfig.from_dict(chosen) if chosen is not None else None
+                message = apb.SwitchJob(
+                    job_id=job,
+                    backend_config=backend,
+                    snapshot_timeout_ms=job_limit,
+                    registered_by=by,
+                )
+                if len(self._encoded_jobs) >= _ENCODED_JOBS:
+                    self._encoded_jobs.clear()
+                encoded = self._encoded_jobs[key] = bytes(message)
+            yield encoded
 
     def _client(self, address: str) -> AsyncSnapshotAgentClient:
         client = self._clients.get(address)
@@ -227,6 +239,8 @@ class HandoffDriver:
 
 
 _SUPERSEDED = "superseded by a newer grant"
+# Encoded SwitchJobs kept at most (then dropped all at once, and made again).
+_ENCODED_JOBS = 4096
 _FAILED = apb.OperationStatus.FAILED
 
 

@@ -1,5 +1,5 @@
-"""Flat messages (strings, integers, booleans: every Acquire, Yield and KeepAlive) are
-read in one pass; what that pass gives, or refuses, is what the generic strict read
+"""Flat messages (strings, integers, booleans, enums and messages of those: every
+Acquire, Yield and KeepAlive, every switch's answer) are read in one pass; what that pass gives, or refuses, is what the generic strict read
 (the wire walk, then betterproto2's parser) gives or refuses."""
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def flat_read(message_type: type[Any], data: bytes) -> Any:
 def test_the_hot_requests_are_flat() -> None:
     for cls in (pb.AcquireRequest, pb.YieldRequest, pb.KeepAliveRequest, pb.GetGroupStatusRequest):
         assert cls in FLAT
-    assert wire._flat_plan(pb.AcquireResponse) is None  # it holds a message
+    assert apb.SwitchGroupResponse in FLAT  # its steps and jobs are flat
+    assert wire._flat_plan(pb.AcquireResponse) is None  # its lease holds a Timestamp
 
 
 def field_bytes(number: int) -> st.SearchStrategy[bytes]:
@@ -99,17 +100,29 @@ def test_any_bytes_are_read_or_refused_as_the_generic_read_does(
     assert outcome(flat_read, cls, data) == outcome(generic, cls, data)
 
 
-@pytest.mark.parametrize("cls", FLAT, ids=lambda c: c.__name__)
-def test_a_message_round_trips(cls: type[Any]) -> None:
+def sample(cls: type[Any]) -> Any:
+    """A message of `cls` with every field set away from its default."""
     values: dict[str, Any] = {}
-    for name, field in cls._betterproto.meta_by_field_name.items():
-        if field.proto_type == "string":
+    meta = cls._betterproto
+    for name, field in meta.meta_by_field_name.items():
+        kind = field.proto_type
+        if kind == "message":
+            nested = meta.cls_by_field[name]
+            values[name] = [sample(nested), sample(nested)] if field.repeated else sample(nested)
+        elif kind == "enum":
+            values[name] = list(meta.cls_by_field[name])[-1]
+        elif kind == "string":
             values[name] = ["a", "é"] if field.repeated else "job-é"
-        elif field.proto_type == "bool":
+        elif kind == "bool":
             values[name] = True
-        elif field.proto_type.startswith("u"):
-            values[name] = 2**32 + 5 if field.proto_type == "uint64" else 7
+        elif kind.startswith("u"):
+            values[name] = 2**32 + 5 if kind == "uint64" else 7
         else:
             values[name] = -5
-    message = cls(**values)
+    return cls(**values)
+
+
+@pytest.mark.parametrize("cls", FLAT, ids=lambda c: c.__name__)
+def test_a_message_round_trips(cls: type[Any]) -> None:
+    message = sample(cls)
     assert flat_read(cls, bytes(message)) == cls.FromString(bytes(message))

@@ -56,15 +56,19 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 
 # --- flat messages, read in one pass ----------------------------------------------------
 #
-# Most requests (every Acquire, Yield and KeepAlive) hold only strings, integers and
-# booleans. Such a message is read here in the same walk that checks it, and built
-# with its constructor: betterproto2's parser would walk the bytes a second time at
-# several times the cost. The values are those the parser gives: the last of a
-# repeated scalar wins, integers are masked and signed as their type says, a
-# string must be UTF-8.
+# Most messages on the hot paths (every Acquire, Yield and KeepAlive, every switch's
+# answer, every agent's report) hold only strings, integers, booleans, enums, and
+# messages made of those. Such a message is read here in the same walk that checks
+# it, and built with its constructor: betterproto2's parser would walk the bytes a
+# second time at several times the cost. The values are those the parser gives:
+# the last of a repeated scalar (or of a message field sent twice) wins, integers
+# are masked and signed as their type says, an enum is its class's member, a
+# string must be UTF-8. A message field is flat when its type is, and a type that
+# holds itself (at any depth) is not.
 
-_FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool"))
-_FlatPlan = dict[int, tuple[str, str, bool]]  # number -> (name, proto type, repeated)
+_FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool", "enum"))
+# number -> (name, proto type, repeated, the enum class or the message type's plan's type)
+_FlatPlan = dict[int, tuple[str, str, bool, Any]]
 _flat_plans: dict[type[Any], _FlatPlan | None] = {}
 
 
@@ -72,14 +76,24 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
     """How to read `message_type` in one pass; None unless it is flat."""
     if message_type in _flat_plans:
         return _flat_plans[message_type]
+    _flat_plans[message_type] = None  # until known: a type that holds itself is not flat
+    meta = message_type._betterproto
     plan: _FlatPlan | None = {}
-    for name, field in message_type._betterproto.meta_by_field_name.items():
-        flat = field.proto_type in _FLAT_TYPES and field.group is None
-        if not flat or (field.repeated and field.proto_type != "string"):
+    for name, field in meta.meta_by_field_name.items():
+        kind, nested = field.proto_type, meta.cls_by_field.get(name)
+        if kind == "message":
+            flat = (
+                field.unwrap is None
+                and hasattr(nested, "_betterproto")
+                and _flat_plan(nested) is not None
+            )
+        else:
+            flat = kind in _FLAT_TYPES and not (field.repeated and kind != "string")
+        if not flat or field.group is not None:
             plan = None
             break
         assert plan is not None
-        plan[field.number] = (name, field.proto_type, field.repeated)
+        plan[field.number] = (name, kind, field.repeated, nested)
     _flat_plans[message_type] = plan
     return plan
 
@@ -89,7 +103,7 @@ def _integer(kind: str, value: int) -> int | bool:
         return value > 0
     if kind in ("uint32", "uint64"):
         return value & (0xFFFFFFFF if kind == "uint32" else 0xFFFFFFFFFFFFFFFF)
-    bits = 32 if kind == "int32" else 64
+    bits = 32 if kind == "int32" else 64  # an enum as an int64
     value &= (1 << bits) - 1
     sign = 1 << (bits - 1)
     return (value ^ sign) - sign
@@ -104,24 +118,28 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
         if wire == _VARINT:
             value, pos = _varint(data, pos)
             if known is not None:
-                name, kind, _ = known
-                if kind == "string":
+                name, kind, _, nested = known
+                if kind in ("string", "message"):
                     raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
-                values[name] = _integer(kind, value)
+                number_value = _integer(kind, value)
+                values[name] = nested(number_value) if kind == "enum" else number_value
             continue
         pos, end = _span(data, pos, number, wire)
         if known is not None:
-            name, kind, repeated = known
-            if kind != "string" or wire != _LEN:
+            name, kind, repeated, nested = known
+            if kind not in ("string", "message") or wire != _LEN:
                 raise ValueError(f"field {name} has wire type {wire}, expected {_WIRE_TYPE[kind]}")
-            try:
-                text = str(data[pos:end], "utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
-            if repeated:
-                values.setdefault(name, []).append(text)
+            if kind == "message":
+                item: Any = _decode_flat(nested, _flat_plans[nested] or {}, data[pos:end])
             else:
-                values[name] = text
+                try:
+                    item = str(data[pos:end], "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+            if repeated:
+                values.setdefault(name, []).append(item)
+            else:
+                values[name] = item
         pos = end
     return message_type(**values)
 

@@ -91,53 +91,51 @@ statuses = st.sampled_from(list(apb.OperationStatus))
 livenesses = st.sampled_from(list(apb.Liveness))
 
 
-@st.composite
-def job_statuses(draw: st.DrawFn) -> dict[str, Any]:
-    return {
-        "job_id": draw(texts),
-        "state": draw(job_states),
-        "group": draw(texts),
-        "backend": draw(texts),
-        "fault": draw(texts),
-        "operation_id": draw(texts),
-        "liveness": draw(livenesses),
-        "store": draw(texts),
+job_statuses = st.fixed_dictionaries(
+    {
+        "job_id": texts,
+        "state": job_states,
+        "group": texts,
+        "backend": texts,
+        "fault": texts,
+        "operation_id": texts,
+        "liveness": livenesses,
+        "store": texts,
     }
-
-
-@st.composite
-def switch_steps(draw: st.DrawFn) -> dict[str, Any]:
-    return {
-        "job_id": draw(texts),
-        "kind": draw(texts),
-        "operation_id": draw(texts),
-        "status": draw(statuses),
-        "error": draw(st.none() | texts),
-        "storage_bytes": draw(int64),
-        "device_bytes": draw(int64),
-        "elapsed_ms": draw(int64),
-        "refused": draw(st.booleans()),
-        "overlapped_ms": draw(int64),
+)
+switch_steps = st.fixed_dictionaries(
+    {
+        "job_id": texts,
+        "kind": texts,
+        "operation_id": texts,
+        "status": statuses,
+        "error": st.none() | texts,
+        "storage_bytes": int64,
+        "device_bytes": int64,
+        "elapsed_ms": int64,
+        "refused": st.booleans(),
+        "overlapped_ms": int64,
     }
+)
 
 
-@given(job_statuses())
+@given(job_statuses)
 def test_a_job_status(fields: dict[str, Any]) -> None:
     assert hot.job_status(**fields) == bytes(apb.JobStatus(**fields))
 
 
-@given(switch_steps())
+@given(switch_steps)
 def test_a_switch_step(fields: dict[str, Any]) -> None:
     assert hot.switch_step(**fields) == bytes(apb.SwitchStep(**fields))
 
 
 @given(
-    st.lists(switch_steps(), max_size=4),
+    st.lists(switch_steps, max_size=4),
     st.booleans(),
     job_states,
-    st.lists(job_statuses(), max_size=3),
+    st.lists(job_statuses, max_size=3),
     texts,
-    st.lists(job_statuses(), max_size=4),
+    st.lists(job_statuses, max_size=4),
     uint64,
 )
 def test_a_switch_group_response(
@@ -219,3 +217,43 @@ def test_a_switch_group_request(
         orchestrator_epoch=epoch,
     )
     assert ours == bytes(theirs)
+
+
+# --- a cycle's requests --------------------------------------------------------------------
+
+optional_int64 = st.none() | int64
+int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+
+
+@given(texts, texts, texts, optional_int64, optional_int64, int32, st.lists(texts, max_size=3))
+def test_an_acquire_request(
+    job: str,
+    group: str,
+    request_id: str,
+    ttl: int | None,
+    wait: int | None,
+    priority: int,
+    more: list[str],
+) -> None:
+    fields = {
+        "job_id": job,
+        "group_id": group,
+        "request_id": request_id,
+        "lease_ttl_ms": ttl,
+        "wait_timeout_ms": wait,
+        "priority": priority,
+        "more_group_ids": more,
+    }
+    assert hot.acquire_request(**fields) == bytes(pb.AcquireRequest(**fields))
+
+
+@given(texts, texts, texts, st.none() | uint64)
+def test_a_yield_request(job: str, group: str, request_id: str, token: int | None) -> None:
+    fields = {"job_id": job, "group_id": group, "request_id": request_id, "fencing_token": token}
+    assert hot.yield_request(**fields) == bytes(pb.YieldRequest(**fields))
+
+
+@given(texts, texts, texts)
+def test_a_keep_alive_request(group: str, job: str, lease_id: str) -> None:
+    fields = {"group_id": group, "job_id": job, "lease_id": lease_id}
+    assert hot.keep_alive_request(**fields) == bytes(pb.KeepAliveRequest(**fields))

@@ -1,10 +1,12 @@
-"""Flat messages (strings, integers, booleans, enums and messages of those: every
-Acquire, Yield and KeepAlive, every switch's answer) are read in one pass; what that pass gives, or refuses, is what the generic strict read
+"""Flat messages (strings, integers, booleans, enums and messages of those, a
+Timestamp among them: every Acquire, Yield and KeepAlive and their replies, every
+switch's answer) are read in one pass; what that pass gives, or refuses, is what the generic strict read
 (the wire walk, then betterproto2's parser) gives or refuses."""
 
 from __future__ import annotations
 
 import inspect
+from datetime import UTC, datetime
 from typing import Any
 
 import betterproto2
@@ -55,8 +57,9 @@ def flat_read(message_type: type[Any], data: bytes) -> Any:
 def test_the_hot_requests_are_flat() -> None:
     for cls in (pb.AcquireRequest, pb.YieldRequest, pb.KeepAliveRequest, pb.GetGroupStatusRequest):
         assert cls in FLAT
+    for cls in (pb.AcquireResponse, pb.YieldResponse, pb.KeepAliveResponse):
+        assert cls in FLAT  # a lease's Timestamp too
     assert apb.SwitchGroupResponse in FLAT  # its steps and jobs are flat
-    assert wire._flat_plan(pb.AcquireResponse) is None  # its lease holds a Timestamp
 
 
 def field_bytes(number: int) -> st.SearchStrategy[bytes]:
@@ -106,7 +109,9 @@ def sample(cls: type[Any]) -> Any:
     meta = cls._betterproto
     for name, field in meta.meta_by_field_name.items():
         kind = field.proto_type
-        if kind == "message":
+        if kind == "message" and field.unwrap is not None:  # a Timestamp
+            values[name] = datetime(2026, 12, 2, 5, 6, 7, 891011, tzinfo=UTC)
+        elif kind == "message":
             nested = meta.cls_by_field[name]
             values[name] = [sample(nested), sample(nested)] if field.repeated else sample(nested)
         elif kind == "enum":
@@ -126,3 +131,12 @@ def sample(cls: type[Any]) -> Any:
 def test_a_message_round_trips(cls: type[Any]) -> None:
     message = sample(cls)
     assert flat_read(cls, bytes(message)) == cls.FromString(bytes(message))
+
+
+@pytest.mark.parametrize("seconds", [2**62, -(2**62), 10**12])
+def test_a_timestamp_out_of_range_is_refused_by_both(seconds: int) -> None:
+    stamp = b"\x08" + _varint(seconds & (2**64 - 1))
+    data = bytes(pb.Lease(lease_id="x")) + b"\x1a" + _varint(len(stamp)) + stamp
+    assert (
+        outcome(flat_read, pb.Lease, data) == outcome(generic, pb.Lease, data) == ("refused", None)
+    )

@@ -58,7 +58,7 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 #
 # Most messages on the hot paths (every Acquire, Yield and KeepAlive, every switch's
 # answer, every agent's report) hold only strings, integers, booleans, enums, and
-# messages made of those. Such a message is read here in the same walk that checks
+# messages made of those (a Timestamp among them). Such a message is read here in the same walk that checks
 # it, and built with its constructor: betterproto2's parser would walk the bytes a
 # second time at several times the cost. The values are those the parser gives:
 # the last of a repeated scalar (or of a message field sent twice) wins, integers
@@ -67,7 +67,10 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 # holds itself (at any depth) is not.
 
 _FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool", "enum"))
-# number -> (name, proto type, repeated, the enum class or the message type's plan's type)
+# Read from a length-delimited field: "wrapped" is a well-known message type (a
+# Timestamp) that the generated code shows as a Python value (a datetime).
+_LEN_KINDS: Final = frozenset(("string", "message", "wrapped"))
+# number -> (name, proto type, repeated, the field's enum class or message type)
 _FlatPlan = dict[int, tuple[str, str, bool, Any]]
 _flat_plans: dict[type[Any], _FlatPlan | None] = {}
 
@@ -82,11 +85,9 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
     for name, field in meta.meta_by_field_name.items():
         kind, nested = field.proto_type, meta.cls_by_field.get(name)
         if kind == "message":
-            flat = (
-                field.unwrap is None
-                and hasattr(nested, "_betterproto")
-                and _flat_plan(nested) is not None
-            )
+            if field.unwrap is not None:  # a well-known type, shown as a Python value
+                kind, nested = "wrapped", field.unwrap()
+            flat = hasattr(nested, "_betterproto") and _flat_plan(nested) is not None
         else:
             flat = kind in _FLAT_TYPES and not (field.repeated and kind != "string")
         if not flat or field.group is not None:
@@ -119,7 +120,7 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
             value, pos = _varint(data, pos)
             if known is not None:
                 name, kind, _, nested = known
-                if kind in ("string", "message"):
+                if kind in _LEN_KINDS:
                     raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
                 number_value = _integer(kind, value)
                 values[name] = nested(number_value) if kind == "enum" else number_value
@@ -127,10 +128,16 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
         pos, end = _span(data, pos, number, wire)
         if known is not None:
             name, kind, repeated, nested = known
-            if kind not in ("string", "message") or wire != _LEN:
-                raise ValueError(f"field {name} has wire type {wire}, expected {_WIRE_TYPE[kind]}")
-            if kind == "message":
+            if kind not in _LEN_KINDS or wire != _LEN:
+                expected = _LEN if kind in _LEN_KINDS else _WIRE_TYPE[kind]
+                raise ValueError(f"field {name} has wire type {wire}, expected {expected}")
+            if kind != "string":
                 item: Any = _decode_flat(nested, _flat_plans[nested] or {}, data[pos:end])
+                if kind == "wrapped":
+                    try:
+                        item = item.to_wrapped()
+                    except (OverflowError, ValueError) as exc:  # a date out of range
+                        raise ValueError(f"field {name} is out of range: {exc}") from None
             else:
                 try:
                     item = str(data[pos:end], "utf-8")

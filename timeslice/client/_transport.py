@@ -10,17 +10,22 @@ import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+import betterproto2
+from betterproto2.grpclib.grpclib_client import ServiceStub
 from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
+from timeslice.api import hot
 from timeslice.api.coalesce import Coalesced
 from timeslice.api.status import from_grpc_error
+from timeslice.api.wire import decode_strict
 from timeslice.errors import (
     ConflictError,
     DeadlineExceededError,
+    InternalError,
     PermissionDeniedError,
     TimeSliceError,
     UnavailableError,
@@ -29,10 +34,37 @@ from timeslice.ids import Target
 from timeslice.security.tls import ClientTls, check_token, token_from_env
 
 T = TypeVar("T")
+M = TypeVar("M", bound=betterproto2.Message)
 
 FIRST_BACKOFF_SEC = 0.05
 MAX_BACKOFF_SEC = 1.0
 FAILOVER_BACKOFF_SEC = 0.25
+
+
+async def call_prepared(
+    stub: ServiceStub,
+    route: str,
+    request: bytes,
+    reply_type: type[M],
+    timeout: float | None,
+) -> M:
+    """One unary call of `stub`'s service whose request is encoded already
+    (`timeslice.api.hot`), its answer read as strictly as a server reads a request,
+    in one pass where it is flat (`decode_strict`): a malformed answer is an
+    `InternalError` of its own, never half read."""
+    # Both messages pass the stub as bytes, which its types do not say it takes.
+    answer = await stub._unary_unary(  # type: ignore[type-var]
+        route,
+        hot.Prepared(request),
+        hot.Prepared,
+        timeout=timeout,
+    )
+    try:
+        return decode_strict(reply_type, answer.data)
+    except ValueError as exc:
+        raise InternalError(
+            f"the answer to {route.rsplit('/', 1)[-1]} is malformed: {exc}"
+        ) from None
 
 
 def credentials(

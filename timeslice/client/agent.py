@@ -26,9 +26,9 @@ from grpclib.client import Channel
 from timeslice.api import hot
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
-from timeslice.api.wire import decode_strict
 from timeslice.client._bridge import LoopThread
 from timeslice.client._transport import (
+    call_prepared,
     call_with_retry,
     close_channel,
     credentials,
@@ -55,7 +55,6 @@ from timeslice.client.agent_types import (
 )
 from timeslice.errors import (
     DeadlineExceededError,
-    InternalError,
     InvalidArgumentError,
     TimeSliceError,
 )
@@ -304,19 +303,13 @@ class AsyncSnapshotAgentClient:
                 orchestrator_epoch=orchestrator_epoch,
             )
             # The agent answers by its deadline; the call's own outlasts it a little.
-            # Both messages pass the stub as bytes (`hot.Prepared`), which its types
-            # do not say it takes.
-            answer = await stubs.agent._unary_unary(  # type: ignore[type-var]
+            return await call_prepared(
+                stubs.agent,
                 _SWITCH_GROUP,
-                hot.Prepared(request),
-                hot.Prepared,
+                request,
+                pb.SwitchGroupResponse,
                 timeout=left + _WAIT_BACKSTOP_SEC,
             )
-            # Read as strictly as a server reads a request (and in one pass: it is flat).
-            try:
-                return decode_strict(pb.SwitchGroupResponse, answer.data)
-            except ValueError as exc:
-                raise InternalError(f"the agent's SwitchGroup answer is malformed: {exc}") from None
 
         return await self._read(f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send)
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from grpclib.client import Channel
 
+from timeslice.api import hot
 from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client._bridge import AcquireCall, OnAccelerators
@@ -33,6 +34,7 @@ from timeslice.client._connector import (
 from timeslice.client._transport import (
     backoff_cap,
     backoff_delays,
+    call_prepared,
     call_with_retry,
     credentials,
     in_own_task,
@@ -86,6 +88,11 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 _ACQUIRE_BACKSTOP_SHARE = 0.1
 _ACQUIRE_BACKSTOP_MIN_SEC = 0.2
 _ACQUIRE_BACKSTOP_MAX_SEC = 1.0
+# A cycle's calls: their requests are encoded by hand and their answers read in one
+# pass (`timeslice.api.hot`, `call_prepared`), where the generated stubs would take
+# several times as long.
+_SERVICE = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
+_ACQUIRE, _YIELD, _KEEP_ALIVE = f"{_SERVICE}/Acquire", f"{_SERVICE}/Yield", f"{_SERVICE}/KeepAlive"
 
 
 def _acquire_deadline(wait_sec: float) -> float:
@@ -356,15 +363,16 @@ class AsyncTimeSliceOrchestratorClient:
         job, group = self._job(job_id), self._group(group_id)
         self._connect()
         holding = self._leases.held(group, job)
-        request = pb.KeepAliveRequest(
+        request = hot.keep_alive_request(
             group_id=group, job_id=job, lease_id=holding.lease_id if holding else ""
         )
         sent_at = asyncio.get_running_loop().time()
+        timeout = timeout_sec or self._call_timeout_sec
         with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
             response = await in_own_task(
                 self._on(
-                    lambda stub: stub.keep_alive(
-                        request, timeout=timeout_sec or self._call_timeout_sec
+                    lambda stub: call_prepared(
+                        stub, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
                     )
                 )
             )
@@ -614,7 +622,7 @@ class AsyncTimeSliceOrchestratorClient:
         def attempt(left: float | None) -> Awaitable[pb.AcquireResponse]:
             # The server gives up waiting at the limit; the call's own deadline,
             # a little later, covers a server that never answers.
-            request = pb.AcquireRequest(
+            request = hot.acquire_request(
                 job_id=job,
                 group_id=group,
                 request_id=request_id,
@@ -624,7 +632,9 @@ class AsyncTimeSliceOrchestratorClient:
                 more_group_ids=list(more),
             )
             timeout = None if left is None else _acquire_deadline(max(left, 0.0))
-            return self._on(lambda stub: stub.acquire(request, timeout=timeout))
+            return self._on(
+                lambda stub: call_prepared(stub, _ACQUIRE, request, pb.AcquireResponse, timeout)
+            )
 
         response = await call_with_retry(
             attempt,
@@ -666,7 +676,7 @@ class AsyncTimeSliceOrchestratorClient:
     async def _release(self, job: str, group: str, timeout_sec: float | None) -> YieldResult:
         self._connect()
         holding = await self._leases.take(group, job)
-        request = pb.YieldRequest(
+        request = hot.yield_request(
             job_id=job,
             group_id=group,
             request_id=uuid.uuid4().hex,
@@ -678,7 +688,9 @@ class AsyncTimeSliceOrchestratorClient:
             response = await self._retrying(
                 f"Yield({group}/{job})",
                 timeout_sec,
-                lambda stub, timeout: stub.yield_(request, timeout=timeout),
+                lambda stub, timeout: call_prepared(
+                    stub, _YIELD, request, pb.YieldResponse, timeout
+                ),
                 denied=NotHolderError,
             )
         except (ConflictError, NotFoundError):
@@ -707,12 +719,16 @@ class AsyncTimeSliceOrchestratorClient:
 
     async def _send_keep_alive(self, holding: Holding, timeout: float) -> pb.KeepAliveResponse:
         self._connect()
-        request = pb.KeepAliveRequest(
+        request = hot.keep_alive_request(
             group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
         )
         with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
             return await in_own_task(
-                self._on(lambda stub: stub.keep_alive(request, timeout=timeout))
+                self._on(
+                    lambda stub: call_prepared(
+                        stub, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
+                    )
+                )
             )
 
 

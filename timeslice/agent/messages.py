@@ -13,6 +13,7 @@ from timeslice.agent.state import Job, JobState, Operation, OpStatus
 from timeslice.agent.switching import SwitchReport, SwitchStep
 from timeslice.api import hot
 from timeslice.api.backend_config import MODE_NAME
+from timeslice.api.bounds import MAX_TEXT_BYTES, cap
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import DISCARD, OFFLOAD
 from timeslice.errors import InvalidArgumentError
@@ -42,7 +43,7 @@ def _job_status_fields(job: Job, liveness: Liveness, store: str = "") -> dict[st
         "state": JOB_STATE[job.state],
         "group": job.group,
         "backend": job.backend,
-        "fault": job.fault,
+        "fault": cap(job.fault, MAX_TEXT_BYTES),
         "operation_id": job.operation,
         "liveness": _LIVENESS[liveness],
         "store": store,
@@ -56,7 +57,7 @@ def _switch_step_fields(step: SwitchStep) -> dict[str, Any]:
             "job_id": step.job,
             "kind": step.kind,
             "status": pb.OperationStatus.FAILED,
-            "error": step.error,
+            "error": cap(step.error, MAX_TEXT_BYTES),
             "refused": step.refused,
         }
     status, error, elapsed_ms = _outcome(op)
@@ -138,7 +139,8 @@ def operation_response(op: Operation) -> pb.GetOperationResponse:
 
 
 def _outcome(op: Operation) -> tuple[pb.OperationStatus, str | None, int]:
-    """An operation's status, error (None unless it failed) and milliseconds so far."""
+    """An operation's status, error (None unless it failed; cut to what a reader
+    takes) and milliseconds so far."""
     end = op.finished if op.finished is not None else time.time()
-    error = op.error if op.status is OpStatus.FAILED else None
+    error = cap(op.error, MAX_TEXT_BYTES) if op.status is OpStatus.FAILED else None
     return _OP_STATUS[op.status], error, round((end - op.started) * 1000)

@@ -56,15 +56,16 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 
 # --- flat messages, read in one pass ----------------------------------------------------
 #
-# Most messages on the hot paths (every Acquire, Yield and KeepAlive, every switch's
-# answer, every agent's report) hold only strings, integers, booleans, enums, and
-# messages made of those (a Timestamp among them). Such a message is read here in the same walk that checks
-# it, and built with its constructor: betterproto2's parser would walk the bytes a
-# second time at several times the cost. The values are those the parser gives:
-# the last of a repeated scalar (or of a message field sent twice) wins, integers
-# are masked and signed as their type says, an enum is its class's member, a
-# string must be UTF-8. A message field is flat when its type is, and a type that
-# holds itself (at any depth) is not.
+# Most messages on the hot paths (every Acquire, Yield and KeepAlive and their
+# answers, every switch's answer, every agent's report) hold only strings, integers,
+# booleans, enums, and messages made of those (a Timestamp among them). Such a
+# message is read here in the same walk that checks it, and built with its
+# constructor: betterproto2's parser would walk the bytes a second time at several
+# times the cost. The values are those the parser gives: the last of a repeated
+# scalar (or of a message field sent twice) wins, integers are masked and signed as
+# their type says, an enum is its class's member, a Timestamp a datetime, a string
+# must be UTF-8. A message field is flat when its type is, and a type that holds
+# itself (at any depth) is not.
 
 _FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool", "enum"))
 # Read from a length-delimited field: "wrapped" is a well-known message type (a

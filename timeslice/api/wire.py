@@ -57,8 +57,8 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 # --- flat messages, read in one pass ----------------------------------------------------
 #
 # Most messages on the hot paths (every Acquire, Yield and KeepAlive and their
-# answers, every switch's answer, every agent's report) hold only strings, integers,
-# booleans, enums, and messages made of those (a Timestamp among them). Such a
+# answers, every switch's answer) hold only strings, integers, booleans, enums, and
+# messages made of those (a Timestamp among them). Such a
 # message is read here in the same walk that checks it, and built with its
 # constructor: betterproto2's parser would walk the bytes a second time at several
 # times the cost. The values are those the parser gives: the last of a repeated

@@ -25,8 +25,9 @@ MALFORMED = [
 MALFORMED_IDS = ["truncated", "wrong wire type", "not UTF-8"]
 
 
-class FakeAgent:
-    """Answers every call of `route` with `answer`, and keeps what it was sent."""
+class FakeServer:
+    """Answers every call of `route` (an agent's SwitchGroup, or an orchestrator's
+    Acquire) with `answer`, and keeps the SwitchGroup requests it was sent."""
 
     def __init__(self, answer: bytes, route: str = ROUTE) -> None:
         self.answer, self.route = answer, route
@@ -35,14 +36,14 @@ class FakeAgent:
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
             self.route: grpclib.const.Handler(
-                self.switch_group,
+                self.answer_call,
                 grpclib.const.Cardinality.UNARY_UNARY,
                 hot.Prepared,
                 hot.Prepared,
             )
         }
 
-    async def switch_group(self, stream: Stream[hot.Prepared, hot.Prepared]) -> None:
+    async def answer_call(self, stream: Stream[hot.Prepared, hot.Prepared]) -> None:
         request = await stream.recv_message()
         assert request is not None
         if self.route == ROUTE:
@@ -59,15 +60,17 @@ async def serve() -> AsyncIterator[list[Server]]:
         await server.wait_closed()
 
 
-async def start(servers: list[Server], agent: FakeAgent) -> int:
-    server = Server([agent])
+async def start(servers: list[Server], fake: FakeServer) -> int:
+    server = Server([fake])
     await server.start("127.0.0.1", 0)
     servers.append(server)
     return int(server._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
 
 
-async def switch(servers: list[Server], answer: bytes) -> tuple[apb.SwitchGroupResponse, FakeAgent]:
-    agent = FakeAgent(answer)
+async def switch(
+    servers: list[Server], answer: bytes
+) -> tuple[apb.SwitchGroupResponse, FakeServer]:
+    agent = FakeServer(answer)
     port = await start(servers, agent)
     job = apb.SwitchJob(
         job_id="a", backend_config=apb.BackendConfig(named=apb.NamedBackendConfig(name="noop"))
@@ -101,7 +104,7 @@ async def test_a_malformed_switch_answer_is_refused(serve: list[Server], answer:
 
 
 async def acquire(servers: list[Server], answer: bytes) -> None:
-    port = await start(servers, FakeAgent(answer, ACQUIRE))
+    port = await start(servers, FakeServer(answer, ACQUIRE))
     async with AsyncTimeSliceOrchestratorClient(
         f"127.0.0.1:{port}", "job-a", "g", lease_ttl_sec=None
     ) as client:

@@ -178,17 +178,16 @@ backends = st.sampled_from(
 )
 
 
-@st.composite
-def switch_jobs(draw: st.DrawFn) -> apb.SwitchJob:
-    return apb.SwitchJob(
-        job_id=draw(texts),
-        backend_config=draw(backends),
-        snapshot_timeout_ms=draw(int64),
-        registered_by=draw(texts),
-    )
+switch_jobs = st.builds(
+    apb.SwitchJob,
+    job_id=texts,
+    backend_config=backends,
+    snapshot_timeout_ms=int64,
+    registered_by=texts,
+)
 
 
-@given(texts, texts, uint64, int64, st.lists(switch_jobs(), max_size=4), st.binary(), uint64)
+@given(texts, texts, uint64, int64, st.lists(switch_jobs, max_size=4), st.binary(), uint64)
 def test_a_switch_group_request(
     group: str,
     next_job: str,

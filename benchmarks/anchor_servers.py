@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.anchor_clients import EtcdLock, redis_connection
-from benchmarks.common import Usage, channel, free_port, now
+from benchmarks.common import Usage, channel, free_port, now, process_cpu
 
 #: Each system: the program it runs and the Debian package that has it.
 PROGRAMS = {"etcd": ("etcd", "etcd-server"), "redis": ("redis-server", "redis-server")}
@@ -142,13 +142,10 @@ class External:
 
     def __init__(self, process: subprocess.Popen[bytes], address: str, log: Path) -> None:
         self.process, self.address, self.log = process, address, log
-        self.tick = os.sysconf("SC_CLK_TCK")
 
     def cpu(self) -> float:
         """CPU seconds of every thread of the process so far."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
-        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
+        return process_cpu(self.process.pid)
 
     async def ask(self, command: Any) -> Any:
         if command != "usage":

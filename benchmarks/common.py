@@ -41,6 +41,7 @@ import grpclib.const
 import numpy as np
 from grpclib.client import Channel
 from grpclib.config import Configuration
+from grpclib.encoding.base import CodecBase
 from grpclib.server import Server, Stream
 
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
@@ -236,6 +237,26 @@ class ServerProcess(Child):
         self, kind: str, db: str | None = None, setup: Setup | None = None, **options: Any
     ) -> None:
         super().__init__(serve, kind, db, setup, options, name=f"bench-{kind}")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of every thread of process `pid` so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class RawCodec(CodecBase):
+    """Sends messages encoded (or bytes as they are); hands back what it receives
+    as bytes, undecoded."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return bytes(message)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        return data
 
 
 # --- the floor: a plain grpclib unary echo --------------------------------------------------

@@ -3,9 +3,9 @@
     python benchmarks/stacks.py --json OUT [--calls 1500] [--paced 50] [--rounds 3] [--quick]
 
 The same echo method (benchmarks/common.py's route; the request's bytes sent back
-as they came, parsed by no stack), served in a process of its own by each server, called by the same
-client (a plain grpclib channel, this process), one server at a time, in rounds
-that alternate them so that all share the machine's load:
+as they came, parsed by no stack), served in a process of its own by each server,
+called by the same client (a plain grpclib channel, this process), one server at a
+time, in rounds that alternate them so that all share the machine's load:
 
   grpclib         grpclib on asyncio's own event loop: the stack the orchestrator
                   and the agents are built on;
@@ -28,7 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import os
+import socket
 import statistics
 import sys
 import threading
@@ -41,13 +41,13 @@ if not __package__:  # run as a script: the benchmarks are imported as a package
 
 import grpclib.const  # noqa: E402
 from grpclib.client import Channel  # noqa: E402
-from grpclib.encoding.base import CodecBase  # noqa: E402
 from grpclib.server import Server, Stream  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     CALL_TIMEOUT,
     ECHO_ROUTE,
     Child,
+    RawCodec,
     Row,
     add_common_arguments,
     describe,
@@ -55,6 +55,7 @@ from benchmarks.common import (  # noqa: E402
     format_table,
     machine,
     now,
+    process_cpu,
     receive,
     run_main,
 )
@@ -62,18 +63,6 @@ from benchmarks.common import (  # noqa: E402
 PAUSE = 0.12  # seconds before each paced call, as a handoff's waiter queues
 STACKS = ("grpclib", "grpclib-uvloop", "grpcio-aio", "grpcio-threads")
 _SERVICE, _METHOD = ECHO_ROUTE.strip("/").split("/")
-
-
-class _Raw(CodecBase):
-    """Messages as the bytes they are on the wire: no stack parses them here."""
-
-    __content_subtype__ = "proto"
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        return bytes(message)
-
-    def decode(self, data: bytes, message_type: Any) -> bytes:
-        return data
 
 
 class _RawEcho:
@@ -121,10 +110,14 @@ async def _until_stopped(conn: Connection) -> None:
 
 
 async def _serve_grpclib(conn: Connection) -> None:
-    server = Server([_RawEcho()], codec=_Raw())
-    await server.start("127.0.0.1", 0)
-    port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    conn.send(f"127.0.0.1:{port}")
+    server = Server([_RawEcho()], codec=RawCodec())
+    sock = socket.create_server(("127.0.0.1", 0))
+    # Nagle off: grpclib turns it off only on sockets whose proto names TCP (this
+    # one's is 0), and a reply held back by it waits for the peer's delayed ACK.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    await server.start(sock=sock)
+    conn.send("127.0.0.1:%d" % sock.getsockname()[1])
     await _until_stopped(conn)
     server.close()
     await server.wait_closed()
@@ -137,22 +130,25 @@ def _grpc() -> Any:
     return grpc
 
 
-def _echo_handler() -> Any:
+def _echo_handler(echo: Any) -> Any:
+    """grpcio's handler of the echo route, answered by `echo(request, context)`."""
     grpc = _grpc()
-
-    async def echo(request: bytes, context: Any) -> bytes:
-        return request
-
     return grpc.method_handlers_generic_handler(
         _SERVICE, {_METHOD: grpc.unary_unary_rpc_method_handler(echo)}
     )
 
 
-async def _serve_grpcio_aio(conn: Connection) -> None:
-    grpc = _grpc()
+async def _echo_async(request: bytes, context: Any) -> bytes:
+    return request
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((_echo_handler(),))
+
+def _echo(request: bytes, context: Any) -> bytes:
+    return request
+
+
+async def _serve_grpcio_aio(conn: Connection) -> None:
+    server = _grpc().aio.server()
+    server.add_generic_rpc_handlers((_echo_handler(_echo_async),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     conn.send(f"127.0.0.1:{port}")
@@ -163,16 +159,8 @@ async def _serve_grpcio_aio(conn: Connection) -> None:
 def _serve_threads(conn: Connection) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    grpc = _grpc()
-
-    def echo(request: bytes, context: Any) -> bytes:
-        return request
-
-    handler = grpc.method_handlers_generic_handler(
-        _SERVICE, {_METHOD: grpc.unary_unary_rpc_method_handler(echo)}
-    )
-    server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((handler,))
+    server = _grpc().server(ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((_echo_handler(_echo),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     conn.send(f"127.0.0.1:{port}")
@@ -189,19 +177,12 @@ def _serve_threads(conn: Connection) -> None:
     server.stop(None)
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds of every thread of process `pid` so far."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(address: str, pid: int, calls: int, pause: float) -> dict[str, float]:
-    """`calls` echoes (each after `pause`): the round trip's median, in seconds, and
-    the server's CPU per call."""
+    """`calls` echoes (each after `pause`): the round trip's median and the server's
+    CPU per call, in milliseconds."""
     host, port = address.rsplit(":", 1)
     request = bytes(echo_request())
-    channel = Channel(host, int(port), codec=_Raw())
+    channel = Channel(host, int(port), codec=RawCodec())
 
     async def call() -> None:
         async with channel.request(
@@ -215,14 +196,14 @@ async def measure(address: str, pid: int, calls: int, pause: float) -> dict[str,
         for _ in range(20):  # connected, and every path warm
             await call()
         times = []
-        cpu = _cpu(pid)
+        cpu = process_cpu(pid)
         for _ in range(calls):
             if pause:
                 await asyncio.sleep(pause)
             t0 = now()
             await call()
             times.append(now() - t0)
-        cpu = _cpu(pid) - cpu
+        cpu = process_cpu(pid) - cpu
     finally:
         channel.close()
     return {"p50_ms": statistics.median(times) * 1e3, "cpu_ms": cpu / calls * 1e3}

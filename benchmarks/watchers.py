@@ -42,11 +42,11 @@ if not __package__:  # run as a script: the benchmarks are imported as a package
 
 import grpclib.client  # noqa: E402
 from grpclib.const import Cardinality  # noqa: E402
-from grpclib.encoding.base import CodecBase  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     CALL_TIMEOUT,
     Child,
+    RawCodec,
     Row,
     ServerProcess,
     Usage,
@@ -71,18 +71,6 @@ PER_CONNECTION = 100
 # --- the watchers, in processes of their own --------------------------------------------------
 
 
-class CountingCodec(CodecBase):
-    """Sends requests encoded; hands back what it receives as bytes, undecoded."""
-
-    __content_subtype__ = "proto"
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        return bytes(message)
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        return data
-
-
 def watch_streams(conn: Connection, address: str, streams: int, group: str) -> None:
     """Process entry point: `streams` Watch streams of `group` ("" every group) on
     `address`; its first message says how many are open (each has had the
@@ -99,7 +87,7 @@ def watch_streams(conn: Connection, address: str, streams: int, group: str) -> N
 async def _watch_streams(conn: Connection, address: str, streams: int, group: str) -> None:
     host, port = address.rsplit(":", 1)
     channels = [
-        grpclib.client.Channel(host, int(port), codec=CountingCodec())
+        grpclib.client.Channel(host, int(port), codec=RawCodec())
         for _ in range(math.ceil(streams / PER_CONNECTION))
     ]
     counts = [0] * streams

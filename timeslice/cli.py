@@ -12,7 +12,7 @@ import typer
 
 from timeslice.cli_client import DEFAULT_TARGET, Target
 from timeslice.cli_client import credentials_of as _credentials
-from timeslice.cli_client import until_signal_or as _until_signal_or
+from timeslice.cli_client import Signals as _Signals
 from timeslice.cli_client import with_client as _with_client
 from timeslice.cli_ops import JsonOutput, VersionOption, agent_app, inspect, watch
 from timeslice.cli_credentials import (
@@ -342,27 +342,30 @@ def serve_orchestrator(
     async def serve() -> BaseException | None:
         orch = Orchestrator(config)
         # A signal during the start (a standby waits there until it takes over)
-        # ends it as cleanly as one after.
-        starting = asyncio.ensure_future(orch.start())
-        try:
-            await _until_signal_or(starting)
-            if not starting.done():
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
-                announce("shutting down before taking over", log_format)
-                return None
-            starting.result()
-            announce(
-                f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
-                log_format,
-                address=orch.address,
-            )
-            await _until_signal_or(orch.wait_stopped())
-            if orch.failure is None:
-                announce("shutting down", log_format)
-            return orch.failure
-        finally:
-            await orch.close()
+        # ends it as cleanly as one after; one that comes as the start ends is
+        # kept for the wait after it.
+        with _Signals() as signals:
+            starting = asyncio.ensure_future(orch.start())
+            try:
+                if await signals.wait_or(starting):
+                    await asyncio.gather(starting, return_exceptions=True)
+                    if starting.cancelled():
+                        announce("shutting down before taking over", log_format)
+                    else:
+                        announce("shutting down", log_format)
+                    return None
+                starting.result()
+                announce(
+                    f"timeslice orchestrator serving on {orch.address} (journal: {journal})",
+                    log_format,
+                    address=orch.address,
+                )
+                await signals.wait_or(orch.wait_stopped())
+                if orch.failure is None:
+                    announce("shutting down", log_format)
+                return orch.failure
+            finally:
+                await orch.close()
 
     listen = _address(config.host, config.port)
     with user_errors(Scope(listen=listen, urls=[config.db] if config.db else [])):
@@ -500,18 +503,20 @@ def serve_agent(
             raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None
 
     async def serve() -> None:
-        async with Agent(config) as agent:
-            backends = ", ".join(sorted(agent.backends)) or "none"
-            also = f" and {agent.socket_address}" if agent.socket_address else ""
-            announce(
-                f"timeslice agent {config.node_name} serving on {agent.address}{also} "
-                f"(backends: {backends}; job table: {shown(db)})",
-                log_format,
-                address=agent.address,
-                node=config.node_name,
-            )
-            await _until_signal_or(asyncio.Event().wait())
-            announce("shutting down", log_format)
+        # Caught from before the start, so that a signal during it stops it cleanly too.
+        with _Signals() as signals:
+            async with Agent(config) as agent:
+                backends = ", ".join(sorted(agent.backends)) or "none"
+                also = f" and {agent.socket_address}" if agent.socket_address else ""
+                announce(
+                    f"timeslice agent {config.node_name} serving on {agent.address}{also} "
+                    f"(backends: {backends}; job table: {shown(db)})",
+                    log_format,
+                    address=agent.address,
+                    node=config.node_name,
+                )
+                await signals.wait_or(asyncio.Event().wait())
+                announce("shutting down", log_format)
 
     with user_errors(Scope(listen=_address(host, port), urls=[db])):
         anyio.run(serve)

@@ -107,17 +107,40 @@ def credentials_of(
     return lambda: client_credentials(ca, cert, key, token)
 
 
-async def until_signal_or(stopped: Awaitable[object]) -> None:
-    """Wait for SIGINT or SIGTERM, or until `stopped` completes."""
-    signalled = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signalled.set)
-    waits = [asyncio.ensure_future(signalled.wait()), asyncio.ensure_future(stopped)]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
+class Signals:
+    """SIGINT and SIGTERM, caught from `with` to its end: a signal sets `received`
+    and stays set, so that one which comes between two waits (while a server's start
+    ends, say) is kept for the next wait instead of being lost or left to the
+    default action."""
+
+    def __init__(self) -> None:
+        self.received = asyncio.Event()
+
+    def __enter__(self) -> Signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.received.set)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+    async def wait_or(self, stopped: Awaitable[object]) -> bool:
+        """Wait for a signal (one received before counts) or until `stopped`
+        completes, whichever is first; `stopped` is cancelled if it has not
+        completed. True if a signal was received."""
+        waits = [asyncio.ensure_future(self.received.wait()), asyncio.ensure_future(stopped)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self.received.is_set()
+
+
+async def until_signal_or(stopped: Awaitable[object]) -> None:
+    """Wait for SIGINT or SIGTERM, or until `stopped` completes."""
+    with Signals() as signals:
+        await signals.wait_or(stopped)

@@ -22,7 +22,8 @@ from timeslice.security.principals import token_sha256
 pytestmark = pytest.mark.timeout(90)
 
 TIMESLICE = [sys.executable, "-m", "timeslice"]
-SERVING = re.compile(r"serving on (\S+):(\d+)")
+# The server's own line, not the --insecure warning (which says "serving on" too).
+SERVING = re.compile(r"^timeslice (?:orchestrator|agent \S+) serving on (\S+):(\d+)")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

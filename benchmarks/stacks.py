@@ -11,7 +11,9 @@ time, in rounds that alternate them so that all share the machine's load:
                   and the agents are built on;
   grpclib-uvloop  the same on uvloop's event loop, where uvloop is installed;
   grpcio-aio      grpcio's asyncio server (HTTP/2 in its C core);
-  grpcio-threads  grpcio's thread-pool server, the handler on a worker thread.
+  grpcio-threads  grpcio's thread-pool server, the handler on a worker thread;
+  h2core          our own gRPC server (timeslice.api.h2serve) on our own HTTP/2
+                  connection (timeslice.api.h2core), asyncio's loop.
 
 Each server answers `--calls` calls back to back, then `--paced` calls each after
 the 120 ms pause of a handoff's waiter. Figures: the server's CPU per call (user +
@@ -61,7 +63,7 @@ from benchmarks.common import (  # noqa: E402
 )
 
 PAUSE = 0.12  # seconds before each paced call, as a handoff's waiter queues
-STACKS = ("grpclib", "grpclib-uvloop", "grpcio-aio", "grpcio-threads")
+STACKS = ("grpclib", "grpclib-uvloop", "grpcio-aio", "grpcio-threads", "h2core")
 _SERVICE, _METHOD = ECHO_ROUTE.strip("/").split("/")
 
 
@@ -94,6 +96,9 @@ def serve(conn: Connection, stack: str) -> None:
     if stack == "grpcio-threads":
         _serve_threads(conn)
         return
+    if stack == "h2core":
+        asyncio.run(_serve_h2core(conn))
+        return
     main = _serve_grpcio_aio(conn) if stack == "grpcio-aio" else _serve_grpclib(conn)
     if stack == "grpclib-uvloop":
         import uvloop
@@ -121,6 +126,23 @@ async def _serve_grpclib(conn: Connection) -> None:
     await _until_stopped(conn)
     server.close()
     await server.wait_closed()
+
+
+async def _serve_h2core(conn: Connection) -> None:
+    from timeslice.api.h2serve import Call, GrpcServer, Route
+    from timeslice.api.serving import listening_socket
+
+    async def echo(call: Call) -> None:
+        body = await call.recv(1 << 20)
+        if body is not None:
+            call.send(b"\0" + len(body).to_bytes(4, "big") + body)
+
+    server = GrpcServer({ECHO_ROUTE: Route(echo)})
+    sock = listening_socket("127.0.0.1", 0)
+    await server.start(sock)
+    conn.send("127.0.0.1:%d" % sock.getsockname()[1])
+    await _until_stopped(conn)
+    await server.stop()
 
 
 def _grpc() -> Any:

@@ -1,0 +1,397 @@
+"""A gRPC server on `timeslice.api.h2core`: the asyncio shell around its connection.
+
+Each accepted connection is a `GrpcConnection` (an asyncio protocol) that feeds what
+arrives to its `ServerConnection`, starts one task per request on the route its
+`:path` names, and writes what the connection and its calls queued once per turn of
+the event loop: a unary call's whole response (headers, message, trailers) and the
+connection's own acknowledgements leave in one write.
+
+A route's handler gets a `Call`: `recv` reads the request messages (each at most the
+route's limit, checked from its 5-byte header before its body is read), `send`
+queues reply messages already framed, `finish` ends the call with a gRPC status.
+A handler that returns without `finish` ends the call OK; one that raises ends it
+INTERNAL (a `CallError` with its own status). A client's deadline (`grpc-timeout`)
+cancels the handler and answers DEADLINE_EXCEEDED; a reset stream or a lost
+connection cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from timeslice.api.h2core import (
+    ConnectionClosed,
+    DataReceived,
+    ErrorCode,
+    Limits,
+    RequestReceived,
+    ServerConnection,
+    StreamEnded,
+    StreamReset,
+    StreamWritable,
+    header_block,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Code(enum.IntEnum):
+    """gRPC status codes."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class CallError(Exception):
+    """Raised by a handler: the call ends with `code` and `message`."""
+
+    def __init__(self, code: Code, message: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Route:
+    """A method: its handler and the largest request message it reads."""
+
+    handler: Callable[[Call], Awaitable[None]]
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
+_RESPONSE = header_block([(":status", "200"), ("content-type", "application/grpc")])
+_OK = header_block([("grpc-status", "0")])
+_TIMEOUT = re.compile(r"([0-9]{1,8})([HMSmun])")
+_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def status_block(code: Code, message: str, trailers_only: bool = False) -> bytes:
+    """The trailers that end a call with `code` (a whole response, if `trailers_only`)."""
+    fields = [("grpc-status", str(int(code)))]
+    if message:
+        fields.append(("grpc-message", _percent(message)))
+    if trailers_only:
+        fields = [(":status", "200"), ("content-type", "application/grpc"), *fields]
+    return header_block(fields)
+
+
+def _percent(message: str) -> str:
+    """grpc-message's encoding: UTF-8, with '%' and bytes outside 0x20-0x7E escaped."""
+    raw = message.encode("utf-8")
+    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
+        return message
+    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in raw)
+
+
+def grpc_timeout(value: str) -> float | None:
+    """Seconds in a `grpc-timeout` header, or None if it is not one."""
+    match = _TIMEOUT.fullmatch(value)
+    return int(match.group(1)) * _UNITS[match.group(2)] if match else None
+
+
+class Call:
+    """One request on a connection, as its handler sees it."""
+
+    def __init__(
+        self, connection: GrpcConnection, stream_id: int, headers: list[tuple[str, str]]
+    ) -> None:
+        self._connection = connection
+        self.stream_id = stream_id
+        self.path = ""
+        self.metadata: list[tuple[str, str]] = []
+        for name, value in headers:
+            if name == ":path":
+                self.path = value
+            elif not name.startswith(":"):
+                self.metadata.append((name, value))
+        self._buffer = bytearray()
+        self._acknowledged = 0  # bytes at the buffer's front given back to the window
+        self._ended = False  # the client sent all of its side
+        self._arrived = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._responded = False
+        self.finished = False
+        self._gone = False  # the stream is over from the client's side or the connection's
+
+    def _abandon(self) -> None:
+        self.finished = self._gone = True
+        self._arrived.set()
+        self._writable.set()
+
+    @property
+    def peer(self) -> Any:
+        return self._connection.peer
+
+    # --- reading -----------------------------------------------------------------------
+
+    def _feed(self, data: bytes, ended: bool) -> None:
+        self._buffer += data
+        self._ended = self._ended or ended
+        self._arrived.set()
+
+    async def recv(self, limit: int) -> bytes | None:
+        """The next request message's body (None once the client ended its side),
+        refused (RESOURCE_EXHAUSTED) once its header says it is over `limit` bytes."""
+        header = await self._take(5)
+        if header is None:
+            return None
+        if header[0]:
+            raise CallError(Code.UNIMPLEMENTED, "compressed messages are not supported")
+        size = int.from_bytes(header[1:5], "big")
+        if size > limit:
+            raise CallError(
+                Code.RESOURCE_EXHAUSTED, f"message of {size} bytes is over the {limit}-byte limit"
+            )
+        body = await self._take(size)
+        if body is None:
+            raise CallError(Code.INVALID_ARGUMENT, "the message is truncated")
+        return body
+
+    async def _take(self, n: int) -> bytes | None:
+        while len(self._buffer) < n:
+            if self._ended:
+                if self._buffer:
+                    raise CallError(Code.INVALID_ARGUMENT, "the message is truncated")
+                return None
+            # `n` bytes are wanted (at most the route's limit): what has come of them
+            # is given back to the window, so that a message larger than it comes in.
+            self._acknowledge(len(self._buffer))
+            self._arrived.clear()
+            await self._arrived.wait()
+        taken = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        self._acknowledge(n)
+        self._acknowledged -= n
+        return taken
+
+    def _acknowledge(self, upto: int) -> None:
+        """Give the window back for the buffer's first `upto` bytes (once each)."""
+        if upto > self._acknowledged:
+            self._connection.consumed(self.stream_id, upto - self._acknowledged)
+            self._acknowledged = upto
+
+    # --- writing -----------------------------------------------------------------------
+
+    def send(self, frames: bytes) -> None:
+        """Queue reply messages, each with its 5-byte header; see `drain`."""
+        if self._gone:
+            return  # reset or disconnected: the handler is being cancelled
+        if self.finished:
+            raise RuntimeError("the call is over")
+        connection = self._connection.h2
+        if not self._responded:
+            self._responded = True
+            connection.respond(self.stream_id, _RESPONSE)
+        if not connection.send_data(self.stream_id, frames):
+            self._writable.clear()
+        self._connection.wake()
+
+    async def drain(self) -> None:
+        """Wait until what `send` queued has gone out to the client's window."""
+        await self._writable.wait()
+
+    def finish(self, code: Code = Code.OK, message: str = "") -> None:
+        """End the call with a status (the first call to it counts)."""
+        if self.finished:
+            return
+        self.finished = True
+        connection = self._connection.h2
+        if not connection.is_open(self.stream_id):
+            return
+        if not self._responded:
+            connection.respond(self.stream_id, status_block(code, message, True), end=True)
+        elif code is Code.OK and not message:
+            connection.end(self.stream_id, _OK)
+        else:
+            connection.end(self.stream_id, status_block(code, message))
+        self._connection.wake()
+
+
+class GrpcConnection(asyncio.Protocol):
+    """One client connection; see the module's docstring."""
+
+    def __init__(
+        self,
+        routes: dict[str, Route],
+        limits: Limits | None = None,
+        lost: Callable[[GrpcConnection], None] | None = None,
+    ) -> None:
+        self._routes = routes
+        self._lost = lost
+        self.h2 = ServerConnection(limits)
+        self._transport: asyncio.Transport | None = None
+        self._calls: dict[int, tuple[Call, asyncio.Task[None]]] = {}
+        self._waking = False
+        self.peer: Any = None
+        self.closed = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self.peer = transport.get_extra_info("peername")
+        self.wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._abandon_all()
+        self.closed.set()
+        if self._lost is not None:
+            self._lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive(data):
+            match event:
+                case RequestReceived(stream_id=sid, headers=headers, ended=ended):
+                    self._start(sid, headers, ended)
+                case DataReceived(stream_id=sid, data=body, ended=ended):
+                    if (entry := self._calls.get(sid)) is not None:
+                        entry[0]._feed(body, ended)
+                case StreamEnded(stream_id=sid):
+                    if (entry := self._calls.get(sid)) is not None:
+                        entry[0]._feed(b"", True)
+                case StreamReset(stream_id=sid):
+                    if (entry := self._calls.pop(sid, None)) is not None:
+                        entry[0]._abandon()
+                        entry[1].cancel()
+                case StreamWritable(stream_id=sid):
+                    if (entry := self._calls.get(sid)) is not None:
+                        entry[0]._writable.set()
+                case ConnectionClosed():
+                    pass  # written and closed by `_write`
+                case _:
+                    raise TypeError(f"not an event: {event!r}")
+        self.wake()
+
+    def consumed(self, stream_id: int, n: int) -> None:
+        self.h2.consumed(stream_id, n)
+        self.wake()
+
+    def wake(self) -> None:
+        """Write what is queued at the end of this turn of the loop (once)."""
+        if not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().call_soon(self._write)
+
+    def _write(self) -> None:
+        self._waking = False
+        if self._transport is None:
+            return
+        if data := self.h2.data_to_send():
+            self._transport.write(data)
+        if self.h2.closed is not None:
+            self._transport.close()
+
+    def close(self, reason: str = "") -> None:
+        """End the connection (GOAWAY); the calls under way are cancelled."""
+        self.h2.close(ErrorCode.NO_ERROR, reason)
+        self._abandon_all()
+        self.wake()
+
+    def _abandon_all(self) -> None:
+        calls, self._calls = self._calls, {}
+        for call, task in calls.values():
+            call._abandon()
+            task.cancel()
+
+    def _start(self, stream_id: int, headers: list[tuple[str, str]], ended: bool) -> None:
+        call = Call(self, stream_id, headers)
+        call._ended = ended
+        route = self._routes.get(call.path)
+        problem = _refusal(headers, route)
+        if problem is not None:
+            call.finish(*problem)
+            return
+        assert route is not None
+        timeout = next((grpc_timeout(v) for n, v in call.metadata if n == "grpc-timeout"), None)
+        task = asyncio.get_running_loop().create_task(self._run(call, route, timeout))
+        self._calls[stream_id] = (call, task)
+
+    async def _run(self, call: Call, route: Route, timeout: float | None) -> None:
+        try:
+            try:
+                if timeout is None:
+                    await route.handler(call)
+                else:
+                    async with asyncio.timeout(timeout):
+                        await route.handler(call)
+            except TimeoutError:
+                call.finish(Code.DEADLINE_EXCEEDED, "the deadline passed")
+            except CallError as exc:
+                call.finish(exc.code, exc.message)
+            except asyncio.CancelledError:
+                call.finish(Code.CANCELLED, "the call was cancelled")
+                raise
+            except Exception as exc:
+                log.exception("%s failed", call.path)
+                call.finish(Code.INTERNAL, f"internal error: {type(exc).__name__}")
+            else:
+                call.finish()
+        finally:
+            self._calls.pop(call.stream_id, None)
+
+
+def _refusal(headers: list[tuple[str, str]], route: Route | None) -> tuple[Code, str] | None:
+    """Why a request is answered with an error before any handler runs, or None."""
+    method = next((v for n, v in headers if n == ":method"), "")
+    if method != "POST":
+        return Code.UNIMPLEMENTED, f"method {method} is not POST"
+    kind = next((v for n, v in headers if n == "content-type"), "")
+    if not (
+        kind == "application/grpc" or kind.startswith(("application/grpc+", "application/grpc;"))
+    ):
+        return Code.UNKNOWN, f"content-type {kind or '(none)'} is not gRPC's"
+    if route is None:
+        path = next((v for n, v in headers if n == ":path"), "")
+        return Code.UNIMPLEMENTED, f"method not found: {path}"
+    return None
+
+
+class GrpcServer:
+    """Listens, makes a `GrpcConnection` of each client, closes them all on `stop`."""
+
+    def __init__(self, routes: dict[str, Route], limits: Limits | None = None) -> None:
+        self.routes = routes
+        self.limits = limits or Limits()
+        self._server: asyncio.Server | None = None
+        self._connections: set[GrpcConnection] = set()
+
+    def _protocol(self) -> GrpcConnection:
+        connection = GrpcConnection(self.routes, self.limits, self._connections.discard)
+        self._connections.add(connection)
+        return connection
+
+    async def start(self, sock: Any, ssl: Any = None) -> None:
+        self._server = await asyncio.get_running_loop().create_server(
+            self._protocol, sock=sock, ssl=ssl
+        )
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for connection in list(self._connections):
+            connection.close("the server is closing")
+        await self._server.wait_closed()
+        self._server = None

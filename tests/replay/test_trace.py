@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.replay.test_timeline import fold, two_node_handover
 from timeslice.cli import app
 from timeslice.replay import load_runs
 from timeslice.replay.timeline import Timeline, tracks
-from timeslice.replay.trace import lanes, trace_document
+from timeslice.replay.trace import duration, lanes, trace_document
 
 PHASES = {"X", "C", "M", "i", "I"}
 METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
@@ -210,3 +212,19 @@ def test_the_command_writes_the_trace(recorded_journal: Path, tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     assert str(out) in result.output
     check_trace(json.loads(out.read_text()))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 10**13), st.integers(0, 10**11))
+def test_a_slice_never_ends_past_its_end_as_a_viewer_adds_it(start_ns: int, length_ns: int) -> None:
+    ts, end = start_ns / 1000, (start_ns + length_ns) / 1000
+    dur = duration(ts, end)
+    assert dur >= 0 and ts + dur <= end
+    if ts + (end - ts) == end:  # exact where the plain difference is
+        assert ts + dur == end
+
+
+def test_a_slice_that_no_float_duration_ends_exactly_ends_just_before() -> None:
+    ts, end = 8964118.879, 102900251.746  # end - ts sums past end by one ulp
+    assert ts + (end - ts) > end
+    assert ts + duration(ts, end) <= end

@@ -54,17 +54,25 @@ def lanes(intervals: Sequence[tuple[float, float]]) -> list[int]:
     return lane_of
 
 
-def _duration(ts: float, end: float) -> float:
-    """The `dur` from `ts` to `end` (both in microseconds, `end` not before `ts`) whose
-    float sum `ts + dur` is `end` itself where one is: Chrome DevTools compares those
-    sums with the next slice's `ts`, and drops a slice that seems to cross by one ulp."""
-    dur = end - ts
-    for _ in range(8):
+def duration(ts: float, end: float) -> float:
+    """The `dur` from `ts` to `end` (both in microseconds, `end` not before `ts`)
+    whose float sum `ts + dur` is `end` itself where one near `end - ts` is, and
+    otherwise the largest of those whose sum is not past `end`: Chrome DevTools
+    compares those sums with the next slice's `ts`, and drops a slice that seems to
+    cross it by one ulp."""
+    naive = end - ts
+    step = math.ulp(end)  # about what one step of `dur` moves the sum by
+    best = 0.0
+    for k in range(-8, 9):
+        dur = naive + k * step
+        if dur < 0:
+            continue
         total = ts + dur
         if total == end:
             return dur
-        dur = math.nextafter(dur, -math.inf if total > end else math.inf)
-    return end - ts
+        if total < end:
+            best = max(best, dur)
+    return best
 
 
 def _complete(
@@ -77,7 +85,7 @@ def _complete(
         "cat": _CATEGORY,
         "ph": "X",
         "ts": ts,
-        "dur": _duration(ts, max(ts, _us(end - origin))),
+        "dur": duration(ts, max(ts, _us(end - origin))),
         "pid": pid,
         "tid": tid,
         "args": {k: v for k, v in args.items() if v is not None and v != ""},

@@ -7,6 +7,8 @@ The three servers run at once, each in a process of its own, all durable:
 
   ours   a fresh orchestrator (SQLite journal on disk, its defaults: WAL,
          synchronous=FULL); a lock is a group, Acquire and Yield.
+  ours-h2core  the same orchestrator on our own HTTP/2 server (`http2="h2core"`,
+         timeslice.api.h2edge) instead of grpclib's; its rows are against etcd's.
   etcd   etcd 3.4 (Debian's etcd-server), one member, its write-ahead log fsynced
          before a write is answered; a lock is etcd's v3lock service (Lock with
          a lease, Unlock with the key it returned), called through grpclib as
@@ -83,6 +85,8 @@ from benchmarks.cycles import figures, settled  # noqa: E402
 from benchmarks.handoff import acquire_yield, measure_handoffs  # noqa: E402
 
 BASELINES = ("etcd", "redis")
+# Ours twice: on grpclib's HTTP/2 server (the default) and on our own (`http2="h2core"`).
+OURS = {"ours": "grpclib", "ours-h2core": "h2core"}
 HANDOFF_LOCK = "handoff"
 # Seconds the cycle loops have to end their cycles once a window closes.
 DRAIN_S = 10.0
@@ -172,7 +176,7 @@ def wait_for_lock(conn: Connection, system: str, address: str) -> None:
 async def handoffs(
     system: str, server: Any, samples: int, warmup: int, settle: float
 ) -> list[float]:
-    if system == "ours":
+    if system in OURS:
         return (await measure_handoffs(server.address, samples, warmup, settle)).latency
     return await measure_baseline_handoffs(system, server.address, samples, warmup, settle)
 
@@ -207,7 +211,7 @@ async def cycles(
 ) -> Rate:
     """The loops `loops`: `args.jobs` jobs in `args.groups` groups looping on
     `system`'s locks, at most `per_connection` jobs on one connection."""
-    if system == "ours":
+    if system in OURS:
         rate = await measure_rate(server.address, args.jobs, acquire_yield(args.groups),
                                   warmup=args.cycle_warmup, window=args.window, server=server,
                                   per_connection=per_connection,
@@ -241,8 +245,9 @@ async def start(
 ) -> tuple[Any, str]:
     """`system`'s server, started on `stack`, and its version; raises RuntimeError
     (with why) when it cannot be had."""
-    if system == "ours":
-        return await stack.enter_async_context(ServerProcess("orchestrator", f"{tmp}/j.db")), ""
+    if system in OURS:
+        server = ServerProcess("orchestrator", f"{tmp}/{system}.db", http2=OURS[system])
+        return await stack.enter_async_context(server), ""
     if system in found.missing:
         raise RuntimeError(found.missing[system])
     if system == "redis" and importlib.util.find_spec("redis") is None:
@@ -286,7 +291,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="timeslice-bench-") as tmp:
         async with contextlib.AsyncExitStack() as stack:
             servers: dict[str, Any] = {}
-            for system in ("ours", *wanted):
+            for system in (*OURS, *wanted):
                 try:
                     servers[system], version = await start(system, found, stack, tmp)
                     results[system] = {"version": version}
@@ -314,6 +319,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cycle_warmup_s": args.cycle_warmup,
             "window_s": args.window,
             "ours": "orchestrator, SQLite journal on disk, WAL, synchronous=FULL",
+            "ours-h2core": "the same, on our own HTTP/2 server (http2=h2core)",
             "etcd": "one member, data dir in a temp dir, WAL fsynced (its default); v3lock",
             "redis": "appendonly yes, appendfsync always, no RDB saves; BLPOP/LPUSH token",
         },
@@ -326,7 +332,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def cycle_rows(
     p: dict[str, Any], ours: dict[str, Any], other: dict[str, Any], label: str, what: str,
-    prefix: str,
+    prefix: str, on: str = "",
 ) -> list[Row]:  # fmt: skip
     """cycles/s and server CPU per cycle of the loops `prefix`, ours against `other`."""
     if prefix == "shared_cycles":
@@ -334,9 +340,9 @@ def cycle_rows(
     else:
         layout = "a connection each"
     return [
-        Row(f"cycles/s, {p['jobs']} jobs in {p['groups']} groups, {layout}, against {label}",
+        Row(f"cycles/s, {p['jobs']} jobs in {p['groups']} groups, {layout}, against {label}{on}",
             ours[f"{prefix}_per_s"], other.get(f"{prefix}_per_s", math.nan), "/s", what),
-        Row(f"server CPU per cycle, {layout}, against {label}'s",
+        Row(f"server CPU per cycle, {layout}, against {label}'s{on}",
             ours[f"{prefix}_server_cpu_ms_per_step"],
             other.get(f"{prefix}_server_cpu_ms_per_step", math.nan), "ms",
             f"{what}; user + system, every thread"),
@@ -345,27 +351,33 @@ def cycle_rows(
 
 def summary(r: dict[str, Any]) -> list[Row]:
     """Our handoff (p50, p99), cycles/s and server CPU per cycle, each against
-    etcd's and Redis's in the same run."""
-    p, ours = r["parameters"], r["systems"]["ours"]
+    etcd's and Redis's in the same run; and the same on our own HTTP/2 server
+    against etcd's."""
+    p = r["parameters"]
     queued = f"B queued {p['settle_ms']:g} ms before the release; {p['handoffs']} handoffs"
     rows = []
-    for name in BASELINES:
-        other = r["systems"].get(name, {"skipped": "not measured"})
-        label = "etcd v3lock" if name == "etcd" else "Redis BLPOP/LPUSH"
-        if "skipped" in other:
-            what = first = f"{label} skipped: {other['skipped']}"
-            other = {}
-        else:
-            what = f"baseline: {other['version']}"
-            first = f"baseline: {other['version']}, {p[name]}; {queued}"
-        rows += [
-            Row(f"handoff p50 against {label}", ours["handoff_p50_ms"],
-                other.get("handoff_p50_ms", math.nan), "ms", first),
-            Row(f"handoff p99 against {label}", ours["handoff_p99_ms"],
-                other.get("handoff_p99_ms", math.nan), "ms", what),
-        ]  # fmt: skip
-        for prefix in layouts(name, p["per_connection"]):
-            rows += cycle_rows(p, ours, other, label, what, prefix)
+    for own, baselines, on in (("ours", BASELINES, ""), ("ours-h2core", ("etcd",), ", on h2core")):
+        ours = r["systems"].get(own, {"skipped": "not measured"})
+        if "skipped" in ours:
+            continue
+        for name in baselines:
+            other = r["systems"].get(name, {"skipped": "not measured"})
+            label = "etcd v3lock" if name == "etcd" else "Redis BLPOP/LPUSH"
+            if "skipped" in other:
+                what = first = f"{label} skipped: {other['skipped']}"
+                other = {}
+            else:
+                what = f"baseline: {other['version']}"
+                first = f"baseline: {other['version']}, {p[name]}; {queued}"
+            against = f"{label}{on}"
+            rows += [
+                Row(f"handoff p50 against {against}", ours["handoff_p50_ms"],
+                    other.get("handoff_p50_ms", math.nan), "ms", first),
+                Row(f"handoff p99 against {against}", ours["handoff_p99_ms"],
+                    other.get("handoff_p99_ms", math.nan), "ms", what),
+            ]  # fmt: skip
+            for prefix in layouts(name, p["per_connection"]):
+                rows += cycle_rows(p, ours, other, label, what, prefix, on)
     return rows
 
 
@@ -376,15 +388,15 @@ def print_table(r: dict[str, Any]) -> None:
           f"B queued {p['settle_ms']:g} ms; cycles: {p['jobs']} jobs, {p['groups']} groups, "
           f"{p['window_s']:g} s window, a connection each or {p['per_connection']} per "
           "connection (shared)\n")  # fmt: skip
-    print(f"{'':6} {'handoff p50':>12} {'p99':>9} {'cycles/s':>9} {'CPU/cycle':>10}"
+    print(f"{'':11} {'handoff p50':>12} {'p99':>9} {'cycles/s':>9} {'CPU/cycle':>10}"
           f" {'shared: cycles/s':>17} {'CPU/cycle':>10}  version")  # fmt: skip
     for name, s in r["systems"].items():
         if "skipped" in s:
-            print(f"{name:6} skipped: {s['skipped']}")
+            print(f"{name:11} skipped: {s['skipped']}")
             continue
         shared = (f"{s['shared_cycles_per_s']:17.0f} {s['shared_cycles_server_cpu_ms_per_step']:7.3f} ms"
                   if "shared_cycles_per_s" in s else f"{'-':>17} {'-':>10}")  # fmt: skip
-        print(f"{name:6} {s['handoff_p50_ms']:9.3f} ms {s['handoff_p99_ms']:6.3f} ms "
+        print(f"{name:11} {s['handoff_p50_ms']:9.3f} ms {s['handoff_p99_ms']:6.3f} ms "
               f"{s['cycles_per_s']:9.0f} {s['cycles_server_cpu_ms_per_step']:7.3f} ms {shared}"
               f"  {s['version'] or 'this checkout'}")  # fmt: skip
     print()

@@ -1,6 +1,6 @@
 """The gRPC server on our HTTP/2 connection, called by grpclib's client and by
 grpcio's: calls, statuses, deadlines, cancellation, flow control and limits as
-both clients expect them."""
+both clients expect them; and the orchestrator on it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
 from benchmarks.common import RawCodec
+from tests.certs import Certs
+from timeslice import AsyncTimeSliceOrchestratorClient, Orchestrator
 from timeslice.api.h2serve import Call, CallError, Code, GrpcServer, Route
+from timeslice.client import WatchEvent, WatchEventKind
 from timeslice.api.serving import listening_socket
+from timeslice.errors import InvalidArgumentError
+from timeslice.orchestrator.config import OrchestratorConfig
+from timeslice.security.tls import ServerTls
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,7 +70,7 @@ class Handlers:
 
     def routes(self) -> dict[str, Route]:
         return {
-            ECHO: Route(self.echo, max_message_bytes=LIMIT),
+            ECHO: Route(self.echo),
             FAIL: Route(self.fail),
             CRASH: Route(self.crash),
             SLOW: Route(self.slow),
@@ -199,3 +205,48 @@ def test_grpcio_calls_it() -> None:
             await asyncio.to_thread(call)
 
     asyncio.run(main())
+
+
+# --- the orchestrator on it (`http2="h2core"`) --------------------------------------------
+
+
+def test_the_orchestrator_takes_h2core_only_where_its_missing_limits_do_not_matter(
+    certs: Certs,
+) -> None:
+    OrchestratorConfig(http2="h2core")  # loopback, no TLS
+    OrchestratorConfig(http2="grpclib", host="0.0.0.0", insecure=True)
+    for wrong in (
+        {"http2": "h3"},
+        {"http2": "h2core", "host": "0.0.0.0", "insecure": True},
+        {"http2": "h2core", "tls": ServerTls(cert=certs.server.cert, key=certs.server.key)},
+    ):
+        with pytest.raises(InvalidArgumentError, match="http2"):
+            OrchestratorConfig(**wrong)
+
+
+async def test_a_handoff_and_its_watch_on_the_orchestrator_on_h2core() -> None:
+    async with Orchestrator(http2="h2core") as orch:
+        async with (
+            AsyncTimeSliceOrchestratorClient(orch.address, "a", "g", lease_ttl_sec=None) as a,
+            AsyncTimeSliceOrchestratorClient(orch.address, "b", "g", lease_ttl_sec=None) as b,
+        ):
+            events: list[WatchEvent] = []
+
+            async def watch() -> None:
+                async for event in a.watch("g"):
+                    events.append(event)
+
+            watching = asyncio.ensure_future(watch())
+            await a.acquire()
+            waiting = asyncio.ensure_future(b.acquire())
+            while "b" not in orch.table.groups["g"].queue:
+                await asyncio.sleep(0.01)
+            await a.release()
+            await asyncio.wait_for(waiting, 10)
+            assert orch.table.groups["g"].holder is not None
+            assert orch.table.groups["g"].holder.job == "b"
+            while not any(e.kind is WatchEventKind.GRANTED and e.job_id == "b" for e in events):
+                await asyncio.sleep(0.01)
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        orch.table.validate()

@@ -91,8 +91,28 @@ async def test_two_members_of_a_oneof_and_cut_frames_are_invalid_arguments() -> 
         assert agent.table.jobs == {}
 
 
-async def test_new_groups_and_waiters_over_the_limits_are_resource_exhausted() -> None:
-    async with Orchestrator(max_groups=1, max_waiters_per_group=1) as orch:
+@pytest.mark.parametrize("http2", ["grpclib", "h2core"])
+async def test_the_orchestrator_refuses_long_ids_and_cut_frames_on_either_server(
+    http2: str,
+) -> None:
+    async with Orchestrator(http2=http2) as orch:
+        route = f"{ORCHESTRATOR}/Acquire"
+        long_request = bytes(opb.AcquireRequest(job_id="j", group_id="g", request_id="r" * 200_000))
+        error = await refused(orch.address, route, long_request)
+        assert error.status is Status.INVALID_ARGUMENT
+        assert "request_id" in (error.message or "")
+        for cut in (b"\x00\x00\x00", b"\x00\x00\x00\x00\x09abc"):
+            error = await refused(orch.address, route, cut, framed=False)
+            assert error.status is Status.INVALID_ARGUMENT, error
+        garbage = b"\xff" * 20  # not a message of any kind
+        error = await refused(orch.address, route, garbage)
+        assert error.status is Status.INVALID_ARGUMENT, error
+        assert orch.table.groups == {}
+
+
+@pytest.mark.parametrize("http2", ["grpclib", "h2core"])
+async def test_new_groups_and_waiters_over_the_limits_are_resource_exhausted(http2: str) -> None:
+    async with Orchestrator(max_groups=1, max_waiters_per_group=1, http2=http2) as orch:
         route = f"{ORCHESTRATOR}/Acquire"
         assert not isinstance(
             await send(orch.address, route, bytes(opb.AcquireRequest(job_id="a", group_id="g"))),

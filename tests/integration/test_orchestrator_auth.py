@@ -61,25 +61,28 @@ def as_(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer {name}-token"}
 
 
-@pytest.fixture(params=["plain", "tls"])
-def transport(
-    request: pytest.FixtureRequest, certs: Certs
-) -> tuple[ServerTls | None, ClientTls | None]:
-    """Each attack is made twice: over plain TCP, and over TLS (the token then
-    travels encrypted; it is still what names the caller)."""
-    if request.param == "plain":
-        return None, None
-    return ServerTls(cert=certs.server.cert, key=certs.server.key), ClientTls(ca=certs.ca)
+Transport = tuple[ServerTls | None, ClientTls | None, str]
+
+
+@pytest.fixture(params=["plain", "tls", "h2core"])
+def transport(request: pytest.FixtureRequest, certs: Certs) -> Transport:
+    """Each attack is made three times: over plain TCP, over TLS (the token then
+    travels encrypted; it is still what names the caller), and over plain TCP to
+    the orchestrator on our own HTTP/2 server (`http2="h2core"`)."""
+    if request.param == "tls":
+        return ServerTls(cert=certs.server.cert, key=certs.server.key), ClientTls(ca=certs.ca), ""
+    return None, None, "h2core" if request.param == "h2core" else "grpclib"
 
 
 @pytest.fixture
-def client_tls(transport: tuple[ServerTls | None, ClientTls | None]) -> ClientTls | None:
+def client_tls(transport: Transport) -> ClientTls | None:
     return transport[1]
 
 
 @pytest.fixture
-async def orch(transport: tuple[ServerTls | None, ClientTls | None]) -> AsyncIterator[Orchestrator]:
-    async with Orchestrator(auth=POLICY, tls=transport[0]) as orchestrator:
+async def orch(transport: Transport) -> AsyncIterator[Orchestrator]:
+    server_tls, _, http2 = transport
+    async with Orchestrator(auth=POLICY, tls=server_tls, http2=http2 or "grpclib") as orchestrator:
         yield orchestrator
         orchestrator.table.validate()
 

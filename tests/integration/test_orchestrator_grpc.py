@@ -51,9 +51,10 @@ def journal_url(journal_path: Path) -> str:
     return f"sqlite:///{journal_path}"
 
 
-@pytest.fixture
-async def orch(journal_url: str) -> AsyncIterator[Orchestrator]:
-    async with Orchestrator(db=journal_url, port=0) as orchestrator:
+@pytest.fixture(params=["grpclib", "h2core"])
+async def orch(journal_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Orchestrator]:
+    """The orchestrator on grpclib's HTTP/2 server, and on ours."""
+    async with Orchestrator(db=journal_url, port=0, http2=request.param) as orchestrator:
         yield orchestrator
 
 

@@ -37,11 +37,15 @@ def v1alpha1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleT
         yield modules["v1alpha1_orchestrator_pb2"], modules["v1alpha1_orchestrator_pb2_grpc"]
 
 
-@pytest.fixture
-def orchestrator_address(tmp_path: Path) -> Iterator[str]:
-    """An Orchestrator serving from a background thread with its own event loop."""
+@pytest.fixture(params=["grpclib", "h2core"])
+def orchestrator_address(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An Orchestrator serving from a background thread with its own event loop, on
+    grpclib's HTTP/2 server and on ours."""
     db = f"sqlite:///{tmp_path / 'journal.db'}"
-    with serving_in_thread(lambda: Orchestrator(db=db, port=0), "orchestrator") as address:
+    http2 = request.param
+    with serving_in_thread(
+        lambda: Orchestrator(db=db, port=0, http2=http2), "orchestrator"
+    ) as address:
         yield address
 
 

@@ -21,7 +21,7 @@ import asyncio
 import enum
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +74,9 @@ class CallError(Exception):
 
 @dataclass(frozen=True)
 class Route:
-    """A method: its handler and the largest request message it reads."""
+    """A method: the handler of its calls."""
 
     handler: Callable[[Call], Awaitable[None]]
-    max_message_bytes: int = 4 * 1024 * 1024
 
 
 _RESPONSE = header_block([(":status", "200"), ("content-type", "application/grpc")])
@@ -86,11 +85,18 @@ _TIMEOUT = re.compile(r"([0-9]{1,8})([HMSmun])")
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
-def status_block(code: Code, message: str, trailers_only: bool = False) -> bytes:
-    """The trailers that end a call with `code` (a whole response, if `trailers_only`)."""
+def status_block(
+    code: Code,
+    message: str,
+    trailers: Sequence[tuple[str, str]] = (),
+    trailers_only: bool = False,
+) -> bytes:
+    """The trailers that end a call with `code` and `trailers` besides (a whole
+    response, if `trailers_only`)."""
     fields = [("grpc-status", str(int(code)))]
     if message:
         fields.append(("grpc-message", _percent(message)))
+    fields += trailers
     if trailers_only:
         fields = [(":status", "200"), ("content-type", "application/grpc"), *fields]
     return header_block(fields)
@@ -142,7 +148,13 @@ class Call:
 
     @property
     def peer(self) -> Any:
+        """The client's address (the socket's peer name)."""
         return self._connection.peer
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection's transport (None once it is lost)."""
+        return self._connection.transport
 
     # --- reading -----------------------------------------------------------------------
 
@@ -212,8 +224,11 @@ class Call:
         """Wait until what `send` queued has gone out to the client's window."""
         await self._writable.wait()
 
-    def finish(self, code: Code = Code.OK, message: str = "") -> None:
-        """End the call with a status (the first call to it counts)."""
+    def finish(
+        self, code: Code = Code.OK, message: str = "", trailers: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        """End the call with a status and any other `trailers` (the first call to
+        it counts)."""
         if self.finished:
             return
         self.finished = True
@@ -221,11 +236,12 @@ class Call:
         if not connection.is_open(self.stream_id):
             return
         if not self._responded:
-            connection.respond(self.stream_id, status_block(code, message, True), end=True)
-        elif code is Code.OK and not message:
+            block = status_block(code, message, trailers, trailers_only=True)
+            connection.respond(self.stream_id, block, end=True)
+        elif code is Code.OK and not message and not trailers:
             connection.end(self.stream_id, _OK)
         else:
-            connection.end(self.stream_id, status_block(code, message))
+            connection.end(self.stream_id, status_block(code, message, trailers))
         self._connection.wake()
 
 
@@ -241,7 +257,7 @@ class GrpcConnection(asyncio.Protocol):
         self._routes = routes
         self._lost = lost
         self.h2 = ServerConnection(limits)
-        self._transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = None
         self._calls: dict[int, tuple[Call, asyncio.Task[None]]] = {}
         self._waking = False
         self.peer: Any = None
@@ -249,12 +265,12 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self.transport = transport
         self.peer = transport.get_extra_info("peername")
         self.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
+        self.transport = None
         self._abandon_all()
         self.closed.set()
         if self._lost is not None:
@@ -296,12 +312,12 @@ class GrpcConnection(asyncio.Protocol):
 
     def _write(self) -> None:
         self._waking = False
-        if self._transport is None:
+        if self.transport is None:
             return
         if data := self.h2.data_to_send():
-            self._transport.write(data)
+            self.transport.write(data)
         if self.h2.closed is not None:
-            self._transport.close()
+            self.transport.close()
 
     def close(self, reason: str = "") -> None:
         """End the connection (GOAWAY); the calls under way are cancelled."""

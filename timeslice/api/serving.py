@@ -24,7 +24,7 @@ import logging
 import re
 import socket
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from ssl import SSLContext
 from typing import Any, Protocol, TypeVar
@@ -106,15 +106,92 @@ class CallGate:
             log.warning("%s closes with %d call(s) in flight", self.what, self._in_flight)
 
 
+class EdgeCall(Protocol):
+    """What the edge needs of a call, whichever server carries it: its credentials,
+    its request messages (read bounded and parsed strictly), its replies, and its
+    end with a status of the edge's own choosing."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def peer(self) -> Any: ...
+
+    async def recv(self, limit: int) -> Any:
+        """The next request message (None at the end of the stream)."""
+        ...
+
+    async def send(self, reply: Any) -> None:
+        """Send a reply message (a betterproto2 message or `Encoded`)."""
+        ...
+
+    async def end(self, status: Status, message: str, metadata: Mapping[str, str]) -> None:
+        """End the call with `status` and trailing `metadata`, sending nothing else."""
+        ...
+
+
+class EdgeHandler:
+    """A route's handling at the edge (`fn`, over an `EdgeCall`): grpclib's server
+    calls it with its stream; another server calls `fn` with a call of its own."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[EdgeCall], Awaitable[None]]) -> None:
+        self.fn = fn
+
+    async def __call__(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        await self.fn(GrpclibCall(stream))
+
+    def behind(
+        self,
+        outer: Callable[
+            [Callable[[EdgeCall], Awaitable[None]]], Callable[[EdgeCall], Awaitable[None]]
+        ],
+    ) -> EdgeHandler:
+        """This handling wrapped in `outer` (a check that may answer instead)."""
+        return EdgeHandler(outer(self.fn))
+
+
+class GrpclibCall:
+    """An `EdgeCall` on grpclib's server stream."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        self.stream = stream
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None:
+        return self.stream.metadata
+
+    @property
+    def peer(self) -> Any:
+        return self.stream.peer
+
+    async def recv(self, limit: int) -> Any:
+        return await recv_bounded(self.stream, limit)
+
+    async def send(self, reply: Any) -> None:
+        if isinstance(reply, Encoded):
+            await send_encoded(self.stream, reply)
+        else:
+            await self.stream.send_message(reply)
+
+    async def end(self, status: Status, message: str, metadata: Mapping[str, str]) -> None:
+        await self.stream.send_trailing_metadata(
+            status=status, status_message=message, metadata=dict(metadata)
+        )
+
+
 def edge_mapping(
     generated: dict[str, grpclib.const.Handler], service: Any, gate: CallGate
 ) -> dict[str, grpclib.const.Handler]:
     """The generated routes (`super().__mapping__()` of a servicer), each handled by
     the servicer's method of the same name, with bounded strict reads and error
-    translation."""
+    translation (an `EdgeHandler` each)."""
     return {
         route: grpclib.const.Handler(
-            _handler(service, gate, _method_name(route), handler.cardinality),
+            EdgeHandler(_handler(service, gate, _method_name(route), handler.cardinality)),
             handler.cardinality,
             handler.request_type,
             handler.reply_type,
@@ -130,33 +207,26 @@ def _method_name(route: str) -> str:
 
 def _handler(
     service: Any, gate: CallGate, name: str, cardinality: Cardinality
-) -> Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]:
+) -> Callable[[EdgeCall], Awaitable[None]]:
     method = getattr(service, name)
 
-    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def handle(call: EdgeCall) -> None:
         try:
             # The call's own task: the caller set here is seen by the servicer only.
-            CURRENT.set(gate.authenticator.identify(stream))
+            CURRENT.set(gate.authenticator.identify(call))
             async with gate.call():
                 limit = gate.max_message_bytes
                 if cardinality in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM):
-                    request = await _request_in_time(stream, limit, gate.message_timeout)
+                    request = await _request_in_time(call, limit, gate.message_timeout)
                     if request is None:
                         raise GRPCError(Status.INVALID_ARGUMENT, "the request carries no message")
                 else:
-                    request = _requests(stream, limit)
+                    request = _requests(call, limit)
                 if cardinality in (Cardinality.UNARY_UNARY, Cardinality.STREAM_UNARY):
-                    reply = await method(request)
-                    if isinstance(reply, Encoded):
-                        await send_encoded(stream, reply)
-                    else:
-                        await stream.send_message(reply)
+                    await call.send(await method(request))
                 else:
                     async for reply in method(request):
-                        if isinstance(reply, Encoded):
-                            await send_encoded(stream, reply)
-                        else:
-                            await stream.send_message(reply)
+                        await call.send(reply)
         except TimeSliceError as exc:
             raise to_grpc_error(exc) from exc
         except (GRPCError, TimeoutError):
@@ -168,15 +238,13 @@ def _handler(
     return handle
 
 
-async def _request_in_time(
-    stream: grpclib.server.Stream[Any, Any], limit: int, timeout: float
-) -> Any:
+async def _request_in_time(call: EdgeCall, limit: int, timeout: float) -> Any:
     try:
         # asyncio.timeout, not wait_for: no task of its own for every call. A
         # deadline of the client's own or a closed connection cancels the call
         # as a cancellation, never as this TimeoutError.
         async with asyncio.timeout(timeout):
-            return await recv_bounded(stream, limit)
+            return await call.recv(limit)
     except TimeoutError:
         raise GRPCError(
             Status.RESOURCE_EXHAUSTED, f"the request message did not arrive within {timeout:g} s"
@@ -235,8 +303,8 @@ async def send_encoded(stream: grpclib.server.Stream[Any, Any], reply: Encoded) 
     stream._send_message_done = True
 
 
-async def _requests(stream: grpclib.server.Stream[Any, Any], limit: int) -> AsyncIterator[Any]:
-    while (request := await recv_bounded(stream, limit)) is not None:
+async def _requests(call: EdgeCall, limit: int) -> AsyncIterator[Any]:
+    while (request := await call.recv(limit)) is not None:
         yield request
 
 

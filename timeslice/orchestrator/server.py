@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from timeslice.api.connections import connection_limits
 from timeslice.api.health import HealthService
 from timeslice.security.callers import Authenticator
+from timeslice.api.h2core import Limits
+from timeslice.api.h2edge import EdgeServer
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     ConflictError,
@@ -81,7 +83,7 @@ class Orchestrator:
         self.config = config or OrchestratorConfig(**options)
         self.engine: JournalEngine | None = None
         self._journal: Journal | None = None
-        self._server: GrpcServer | None = None
+        self._server: GrpcServer | EdgeServer | None = None
         self._address: str | None = None
         self._state = "new"  # new -> serving -> closed
         self.calls = WaitingCalls()
@@ -335,9 +337,12 @@ class Orchestrator:
 
     async def _listen(self) -> None:
         health = HealthService(self.gate, self._closing, self._health)
-        self._server = GrpcServer(
-            [OrchestratorService(self), health], connection_limits(self.config), "the orchestrator"
-        )
+        servicers = [OrchestratorService(self), health]
+        if self.config.http2 == "h2core":
+            limits = Limits(max_streams=self.config.max_streams_per_connection)
+            self._server = EdgeServer(servicers, "the orchestrator", limits)
+        else:
+            self._server = GrpcServer(servicers, connection_limits(self.config), "the orchestrator")
         self._address = await self._server.serve_configured(self.config)
         await self._serve_metrics()
 

@@ -34,7 +34,7 @@ from timeslice.api.backend_config import backend_of, names_pod
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.api import hot
-from timeslice.api.serving import CallGate, Encoded, edge_mapping
+from timeslice.api.serving import CallGate, EdgeCall, Encoded, edge_mapping
 from timeslice.client.agent_types import StatusResponse
 from timeslice.errors import (
     InvalidArgumentError,
@@ -519,25 +519,27 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
             # Every candidate says where it stands, a standby too.
             route: handler
             if route.endswith("/GetLeadership")
-            else handler._replace(func=self._admit(handler.func))
+            else handler._replace(func=handler.func.behind(self._admit))
             for route, handler in routes.items()
         }
 
-    def _admit(self, handle: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    def _admit(
+        self, handle: Callable[[EdgeCall], Awaitable[None]]
+    ) -> Callable[[EdgeCall], Awaitable[None]]:
         """`handle`, behind the orchestrator's refusal (a standby answers UNAVAILABLE)."""
 
-        async def admitted(stream: Any) -> None:
+        async def admitted(call: EdgeCall) -> None:
             if (why := self.orch.refusal()) is not None:
                 if (active := self.orch.active_address()) is None:
                     raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
                 # A standby that knows the active names it, for clients to go there.
-                await stream.send_trailing_metadata(
-                    status=grpclib.const.Status.UNAVAILABLE,
-                    status_message=f"{why} (the active is at {active})",
-                    metadata={ACTIVE_KEY: active},
+                await call.end(
+                    grpclib.const.Status.UNAVAILABLE,
+                    f"{why} (the active is at {active})",
+                    {ACTIVE_KEY: active},
                 )
                 return
-            await handle(stream)
+            await handle(call)
 
         return admitted
 

@@ -16,10 +16,10 @@ from grpclib.exceptions import GRPCError
 from benchmarks.common import RawCodec
 from tests.certs import Certs
 from timeslice import AsyncTimeSliceOrchestratorClient, Orchestrator
-from timeslice.api.h2serve import Call, CallError, Code, GrpcServer, Route
+from timeslice.api.h2serve import Call, CallError, GrpcServer, Route
 from timeslice.client import WatchEvent, WatchEventKind
 from timeslice.api.serving import listening_socket
-from timeslice.errors import InvalidArgumentError
+from timeslice.errors import Code, InvalidArgumentError
 from timeslice.orchestrator.config import OrchestratorConfig
 from timeslice.security.tls import ServerTls
 

@@ -19,10 +19,10 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from timeslice.api.h2core import Limits
-from timeslice.api.h2serve import Call, CallError, Code, GrpcServer, Route
+from timeslice.api.h2serve import Call, CallError, GrpcServer, Route
 from timeslice.api.serving import EdgeHandler, Encoded, Listening, listening_socket
 from timeslice.api.wire import decode_strict
-from timeslice.errors import InvalidArgumentError
+from timeslice.errors import Code, InvalidArgumentError
 from timeslice.security.exposure import left_open
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ connection cancels it.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,30 +36,9 @@ from timeslice.api.h2core import (
     StreamWritable,
     header_block,
 )
+from timeslice.errors import Code
 
 log = logging.getLogger(__name__)
-
-
-class Code(enum.IntEnum):
-    """gRPC status codes."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 class CallError(Exception):

@@ -189,6 +189,27 @@ def test_a_response_over_the_clients_window_waits_for_it() -> None:
     assert not pair.server.is_open(sid)
 
 
+def test_a_stream_window_update_alone_lets_its_queued_data_go() -> None:
+    pair = Pair()
+    sid = pair.request(b"")
+    pair.server.respond(sid, RESPONSE)
+    assert not pair.server.send_data(sid, b"x" * 70_000)
+    pair.server.end(sid, OK)
+    pair.client.increment_flow_control_window(1_000_000)  # the connection's only
+    pair.pump()
+
+    def received() -> int:
+        return sum(len(e.data) for e in pair.client_of(h2.events.DataReceived))
+
+    assert received() == 65_535  # the stream's window still holds the rest
+    assert pair.of(StreamWritable) == []
+    pair.client.increment_flow_control_window(10_000, stream_id=sid)
+    pair.pump()
+    assert received() == 70_000
+    assert pair.of(StreamWritable) == [StreamWritable(sid)]
+    assert pair.client_of(h2.events.TrailersReceived)
+
+
 def test_a_stream_nobody_reads_stops_at_its_window() -> None:
     window = 65_535
     pair = Pair(Limits(stream_window=window))

@@ -245,6 +245,11 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     )
 
 
+def _rst(stream_id: int, code: ErrorCode) -> bytes:
+    """A RST_STREAM frame ending `stream_id` with `code`."""
+    return frame(FrameType.RST_STREAM, 0, stream_id, int(code).to_bytes(4, "big"))
+
+
 # --- the connection ---------------------------------------------------------------------
 
 
@@ -257,10 +262,10 @@ class _Stream:
     responded: bool = False  # the response headers are queued
     unacknowledged: int = 0  # received bytes the reader has not taken yet
     returnable: int = 0  # window the client may use again, not yet announced
-    # What waits for a window: DATA payloads and, last, a trailer block.
-    queue: deque[tuple[bytes, bool]] = field(default_factory=deque)
+    # What waits for a window (the stream is blocked while it is not empty): DATA
+    # payloads, and the trailer block that goes after them.
+    queue: deque[bytes] = field(default_factory=deque)
     trailers: bytes | None = None
-    blocked: bool = False
 
 
 class ServerConnection:
@@ -477,14 +482,10 @@ class ServerConnection:
         if self._going_away:
             return  # after our GOAWAY: not processed, the client may retry it
         if len(self._streams) >= self.limits.max_streams:
-            self._out += frame(
-                FrameType.RST_STREAM, 0, stream_id, ErrorCode.REFUSED_STREAM.to_bytes(4, "big")
-            )
+            self._out += _rst(stream_id, ErrorCode.REFUSED_STREAM)
             return
         if reason := _malformed(headers):
-            self._out += frame(
-                FrameType.RST_STREAM, 0, stream_id, ErrorCode.PROTOCOL_ERROR.to_bytes(4, "big")
-            )
+            self._out += _rst(stream_id, ErrorCode.PROTOCOL_ERROR)
             self._spend_calm(f"malformed requests ({reason})")
             return
         self._streams[stream_id] = _Stream(
@@ -598,7 +599,7 @@ class ServerConnection:
         stream.send_window += increment
         if stream.send_window > _MAX_WINDOW:
             raise _StreamViolation(ErrorCode.FLOW_CONTROL_ERROR, "the stream window overflows")
-        if stream.blocked:
+        if stream.queue:
             self._flush(stream)
 
     # --- what the server answers --------------------------------------------------------
@@ -628,7 +629,7 @@ class ServerConnection:
         if not stream.responded:
             raise RuntimeError(f"stream {stream_id} sends data before its headers")
         if stream.queue:
-            stream.queue.append((data, False))
+            stream.queue.append(data)
         else:
             self._send(stream, data)
         return not stream.queue
@@ -643,11 +644,6 @@ class ServerConnection:
             return
         self._headers(stream_id, trailers, True)
         self._finish(stream)
-
-    def reset(self, stream_id: int, code: ErrorCode = ErrorCode.CANCEL) -> None:
-        """End the stream at once with RST_STREAM (nothing queued on it is sent)."""
-        if self.closed is None and self._streams.pop(stream_id, None) is not None:
-            self._out += frame(FrameType.RST_STREAM, 0, stream_id, int(code).to_bytes(4, "big"))
 
     def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
         """End the connection with GOAWAY; every stream still open ends with it."""
@@ -719,8 +715,7 @@ class ServerConnection:
         while sent < len(data):
             room = min(stream.send_window, self._send_window, self._peer_frame, len(data) - sent)
             if room <= 0:
-                stream.queue.append((data[sent:], False))
-                stream.blocked = True
+                stream.queue.append(data[sent:])
                 return
             self._out += frame(FrameType.DATA, 0, stream.stream_id, data[sent : sent + room])
             stream.send_window -= room
@@ -730,12 +725,10 @@ class ServerConnection:
     def _flush(self, stream: _Stream) -> None:
         queue, stream.queue = stream.queue, deque()
         while queue:
-            data, _ = queue.popleft()
-            self._send(stream, data)
+            self._send(stream, queue.popleft())
             if stream.queue:
                 stream.queue.extend(queue)
                 return
-        stream.blocked = False
         if stream.trailers is not None:
             self._headers(stream.stream_id, stream.trailers, True)
             stream.trailers = None
@@ -743,7 +736,7 @@ class ServerConnection:
         self._events.append(StreamWritable(stream.stream_id))
 
     def _flush_blocked(self) -> None:
-        for stream in [s for s in self._streams.values() if s.blocked]:
+        for stream in [s for s in self._streams.values() if s.queue]:
             if self._send_window <= 0:
                 return
             self._flush(stream)
@@ -753,14 +746,12 @@ class ServerConnection:
         A client still sending is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1)."""
         self._streams.pop(stream.stream_id, None)
         if stream.remote_open:
-            self._out += frame(
-                FrameType.RST_STREAM, 0, stream.stream_id, ErrorCode.NO_ERROR.to_bytes(4, "big")
-            )
+            self._out += _rst(stream.stream_id, ErrorCode.NO_ERROR)
 
     def _reset(self, stream_id: int, code: ErrorCode, by_client: bool) -> None:
         if self._streams.pop(stream_id, None) is not None:
             self._events.append(StreamReset(stream_id, int(code), by_client))
-        self._out += frame(FrameType.RST_STREAM, 0, stream_id, int(code).to_bytes(4, "big"))
+        self._out += _rst(stream_id, code)
 
     def _spend_calm(self, what: str) -> None:
         now = self._clock()

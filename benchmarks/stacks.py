@@ -129,7 +129,7 @@ async def _serve_grpclib(conn: Connection) -> None:
 
 
 async def _serve_h2core(conn: Connection) -> None:
-    from timeslice.api.h2serve import Call, GrpcServer, Route
+    from timeslice.api.h2serve import Call, H2Server, Route
     from timeslice.api.serving import listening_socket
 
     async def echo(call: Call) -> None:
@@ -137,7 +137,7 @@ async def _serve_h2core(conn: Connection) -> None:
         if body is not None:
             call.send(b"\0" + len(body).to_bytes(4, "big") + body)
 
-    server = GrpcServer({ECHO_ROUTE: Route(echo)})
+    server = H2Server({ECHO_ROUTE: Route(echo)})
     sock = listening_socket("127.0.0.1", 0)
     await server.start(sock)
     conn.send("127.0.0.1:%d" % sock.getsockname()[1])

@@ -11,7 +11,6 @@ one may stay idle); a server configured with TLS refuses to start on it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,13 +18,17 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from timeslice.api.h2core import Limits
-from timeslice.api.h2serve import Call, CallError, GrpcServer, Route
-from timeslice.api.serving import EdgeHandler, Encoded, Listening, listening_socket
+from timeslice.api.h2serve import Call, CallError, H2Server, Route
+from timeslice.api.serving import (
+    EdgeHandler,
+    Encoded,
+    Listening,
+    bound_address,
+    listening_socket,
+    warn_if_left_open,
+)
 from timeslice.api.wire import decode_strict
 from timeslice.errors import Code, InvalidArgumentError
-from timeslice.security.exposure import left_open
-
-log = logging.getLogger(__name__)
 
 
 class _Peer:
@@ -111,7 +114,7 @@ def _serving(edge: EdgeHandler, request_type: Any) -> Any:
     return serve
 
 
-class EdgeServer(GrpcServer):
+class EdgeServer(H2Server):
     """The edge's servicers on h2serve, listening where a server's config says."""
 
     def __init__(self, servicers: Iterable[Any], what: str, limits: Limits | None = None):
@@ -124,9 +127,6 @@ class EdgeServer(GrpcServer):
             raise InvalidArgumentError(f"{self.what} cannot serve TLS on h2core yet")
         sock = listening_socket(config.host, config.port)
         await self.start(sock)
-        host, port = sock.getsockname()[:2]
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        auth = config.auth is not None
-        if warning := left_open(self.what, address, host=config.host, tls=False, auth=auth):
-            log.warning("%s", warning)
+        address = bound_address(sock)
+        warn_if_left_open(self.what, address, config)
         return address

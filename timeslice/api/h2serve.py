@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpclib.metadata import encode_grpc_message
+
 from timeslice.api.h2core import (
     ConnectionClosed,
     DataReceived,
@@ -73,19 +75,11 @@ def status_block(
     response, if `trailers_only`)."""
     fields = [("grpc-status", str(int(code)))]
     if message:
-        fields.append(("grpc-message", _percent(message)))
+        fields.append(("grpc-message", encode_grpc_message(message)))
     fields += trailers
     if trailers_only:
         fields = [(":status", "200"), ("content-type", "application/grpc"), *fields]
     return header_block(fields)
-
-
-def _percent(message: str) -> str:
-    """grpc-message's encoding: UTF-8, with '%' and bytes outside 0x20-0x7E escaped."""
-    raw = message.encode("utf-8")
-    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
-        return message
-    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in raw)
 
 
 def grpc_timeout(value: str) -> float | None:
@@ -98,7 +92,11 @@ class Call:
     """One request on a connection, as its handler sees it."""
 
     def __init__(
-        self, connection: GrpcConnection, stream_id: int, headers: list[tuple[str, str]]
+        self,
+        connection: GrpcConnection,
+        stream_id: int,
+        headers: list[tuple[str, str]],
+        ended: bool,
     ) -> None:
         self._connection = connection
         self.stream_id = stream_id
@@ -111,7 +109,7 @@ class Call:
                 self.metadata.append((name, value))
         self._buffer = bytearray()
         self._acknowledged = 0  # bytes at the buffer's front given back to the window
-        self._ended = False  # the client sent all of its side
+        self._ended = ended  # the client sent all of its side
         self._arrived = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -310,10 +308,9 @@ class GrpcConnection(asyncio.Protocol):
             task.cancel()
 
     def _start(self, stream_id: int, headers: list[tuple[str, str]], ended: bool) -> None:
-        call = Call(self, stream_id, headers)
-        call._ended = ended
+        call = Call(self, stream_id, headers, ended)
         route = self._routes.get(call.path)
-        problem = _refusal(headers, route)
+        problem = _refusal(call, headers, route)
         if problem is not None:
             call.finish(*problem)
             return
@@ -346,7 +343,9 @@ class GrpcConnection(asyncio.Protocol):
             self._calls.pop(call.stream_id, None)
 
 
-def _refusal(headers: list[tuple[str, str]], route: Route | None) -> tuple[Code, str] | None:
+def _refusal(
+    call: Call, headers: list[tuple[str, str]], route: Route | None
+) -> tuple[Code, str] | None:
     """Why a request is answered with an error before any handler runs, or None."""
     method = next((v for n, v in headers if n == ":method"), "")
     if method != "POST":
@@ -357,12 +356,11 @@ def _refusal(headers: list[tuple[str, str]], route: Route | None) -> tuple[Code,
     ):
         return Code.UNKNOWN, f"content-type {kind or '(none)'} is not gRPC's"
     if route is None:
-        path = next((v for n, v in headers if n == ":path"), "")
-        return Code.UNIMPLEMENTED, f"method not found: {path}"
+        return Code.UNIMPLEMENTED, f"method not found: {call.path}"
     return None
 
 
-class GrpcServer:
+class H2Server:
     """Listens, makes a `GrpcConnection` of each client, closes them all on `stop`."""
 
     def __init__(self, routes: dict[str, Route], limits: Limits | None = None) -> None:

@@ -394,8 +394,7 @@ class GrpcServer(grpclib.server.Server):
         else:
             await self._start_tls(sock, ssl)
         warn_if_files_run_short(self.connections.limits, self.connections.what)
-        bound_host, bound_port = sock.getsockname()[:2]
-        return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+        return bound_address(sock)
 
     async def serve_configured(self, config: Listening) -> str:
         """`serve` on the config's host and port, over TLS when it has some; a server
@@ -404,10 +403,7 @@ class GrpcServer(grpclib.server.Server):
         address = await self.serve(
             config.host, config.port, ssl=None if tls is None else tls.context()
         )
-        what = self.connections.what
-        auth = config.auth is not None
-        if warning := left_open(what, address, host=config.host, tls=tls is not None, auth=auth):
-            log.warning("%s", warning)
+        warn_if_left_open(self.connections.what, address, config)
         return address
 
     async def _start_tls(self, sock: socket.socket, ssl: SSLContext) -> None:
@@ -435,6 +431,20 @@ class GrpcServer(grpclib.server.Server):
         for protocol in list(self._protocols):
             if hasattr(protocol, "processor"):
                 protocol.processor.close("the server is closing")
+
+
+def bound_address(sock: socket.socket) -> str:
+    """The address `sock` listens on, as "HOST:PORT" ("[HOST]:PORT" for IPv6)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def warn_if_left_open(what: str, address: str, config: Listening) -> None:
+    """Log what a server open to the network without TLS or auth leaves open (it
+    may listen so, with `insecure`)."""
+    tls, auth = config.tls is not None, config.auth is not None
+    if warning := left_open(what, address, host=config.host, tls=tls, auth=auth):
+        log.warning("%s", warning)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -126,7 +126,7 @@ class OrchestratorConfig:
     # listens on, unless that is a wildcard (0.0.0.0, ::), which names nobody.
     advertise: str | None = None
     # The gRPC server that carries the calls: "grpclib" (grpclib's, the default),
-    # or "h2core" (ours, `timeslice.api.h2edge`: about a third of grpclib's CPU per
+    # or "h2core" (ours, `timeslice.api.h2edge`: about half of grpclib's CPU per
     # call, but no TLS and no connection limits yet, so for a trusted loopback
     # deployment or a benchmark only).
     http2: str = "grpclib"

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import socket
 import statistics
 import sys
 import threading
@@ -61,6 +60,7 @@ from benchmarks.common import (  # noqa: E402
     receive,
     run_main,
 )
+from timeslice.api.serving import Encoded, listening_socket  # noqa: E402
 
 PAUSE = 0.12  # seconds before each paced call, as a handoff's waiter queues
 STACKS = ("grpclib", "grpclib-uvloop", "grpcio-aio", "grpcio-threads", "h2core")
@@ -116,11 +116,9 @@ async def _until_stopped(conn: Connection) -> None:
 
 async def _serve_grpclib(conn: Connection) -> None:
     server = Server([_RawEcho()], codec=RawCodec())
-    sock = socket.create_server(("127.0.0.1", 0))
-    # Nagle off: grpclib turns it off only on sockets whose proto names TCP (this
-    # one's is 0), and a reply held back by it waits for the peer's delayed ACK.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setblocking(False)
+    # Nagle off, as the servers' own listener has it: grpclib turns it off only on
+    # sockets whose proto names TCP, and a reply held back waits for a delayed ACK.
+    sock = listening_socket("127.0.0.1", 0)
     await server.start(sock=sock)
     conn.send("127.0.0.1:%d" % sock.getsockname()[1])
     await _until_stopped(conn)
@@ -130,12 +128,11 @@ async def _serve_grpclib(conn: Connection) -> None:
 
 async def _serve_h2core(conn: Connection) -> None:
     from timeslice.api.h2serve import Call, H2Server, Route
-    from timeslice.api.serving import listening_socket
 
     async def echo(call: Call) -> None:
         body = await call.recv(1 << 20)
         if body is not None:
-            call.send(b"\0" + len(body).to_bytes(4, "big") + body)
+            call.send(Encoded.of_body(body).frames)
 
     server = H2Server({ECHO_ROUTE: Route(echo)})
     sock = listening_socket("127.0.0.1", 0)

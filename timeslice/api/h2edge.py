@@ -79,12 +79,7 @@ class H2Call:
             raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {exc}") from exc
 
     async def send(self, reply: Any) -> None:
-        if isinstance(reply, Encoded):
-            frames = reply.frames
-        else:
-            body = bytes(reply)
-            frames = b"\0" + len(body).to_bytes(4, "big") + body
-        self.call.send(frames)
+        self.call.send((reply if isinstance(reply, Encoded) else Encoded(reply)).frames)
         await self.call.drain()
 
     async def end(self, status: Status, message: str, metadata: Mapping[str, str]) -> None:

@@ -6,9 +6,10 @@ latency and 100-job lock cycles, measured the same way for all three in one run.
 The three servers run at once, each in a process of its own, all durable:
 
   ours   a fresh orchestrator (SQLite journal on disk, its defaults: WAL,
-         synchronous=FULL); a lock is a group, Acquire and Yield.
-  ours-h2core  the same orchestrator on our own HTTP/2 server (`http2="h2core"`,
-         timeslice.api.h2edge) instead of grpclib's; its rows are against etcd's.
+         synchronous=FULL, our own HTTP/2 server); a lock is a group, Acquire
+         and Yield.
+  ours-grpclib  the same orchestrator on grpclib's HTTP/2 server
+         (`http2="grpclib"`); its rows are against etcd's.
   etcd   etcd 3.4 (Debian's etcd-server), one member, its write-ahead log fsynced
          before a write is answered; a lock is etcd's v3lock service (Lock with
          a lease, Unlock with the key it returned), called through grpclib as
@@ -85,8 +86,8 @@ from benchmarks.cycles import figures, settled  # noqa: E402
 from benchmarks.handoff import acquire_yield, measure_handoffs  # noqa: E402
 
 BASELINES = ("etcd", "redis")
-# Ours twice: on grpclib's HTTP/2 server (the default) and on our own (`http2="h2core"`).
-OURS = {"ours": "grpclib", "ours-h2core": "h2core"}
+# Ours twice: on our own HTTP/2 server (the default) and on grpclib's (`http2="grpclib"`).
+OURS = {"ours": "h2core", "ours-grpclib": "grpclib"}
 HANDOFF_LOCK = "handoff"
 # Seconds the cycle loops have to end their cycles once a window closes.
 DRAIN_S = 10.0
@@ -319,7 +320,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cycle_warmup_s": args.cycle_warmup,
             "window_s": args.window,
             "ours": "orchestrator, SQLite journal on disk, WAL, synchronous=FULL",
-            "ours-h2core": "the same, on our own HTTP/2 server (http2=h2core)",
+            "ours-grpclib": "the same, on grpclib's HTTP/2 server (http2=grpclib)",
             "etcd": "one member, data dir in a temp dir, WAL fsynced (its default); v3lock",
             "redis": "appendonly yes, appendfsync always, no RDB saves; BLPOP/LPUSH token",
         },
@@ -351,12 +352,15 @@ def cycle_rows(
 
 def summary(r: dict[str, Any]) -> list[Row]:
     """Our handoff (p50, p99), cycles/s and server CPU per cycle, each against
-    etcd's and Redis's in the same run; and the same on our own HTTP/2 server
+    etcd's and Redis's in the same run; and the same on grpclib's HTTP/2 server
     against etcd's."""
     p = r["parameters"]
     queued = f"B queued {p['settle_ms']:g} ms before the release; {p['handoffs']} handoffs"
     rows = []
-    for own, baselines, on in (("ours", BASELINES, ""), ("ours-h2core", ("etcd",), ", on h2core")):
+    for own, baselines, on in (
+        ("ours", BASELINES, ""),
+        ("ours-grpclib", ("etcd",), ", on grpclib"),
+    ):
         ours = r["systems"].get(own, {"skipped": "not measured"})
         if "skipped" in ours:
             continue

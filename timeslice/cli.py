@@ -67,6 +67,12 @@ MetricsPort = Annotated[
 MetricsHost = Annotated[
     str | None, typer.Option(help="Address of the metrics port (default: --host).")
 ]
+Http2 = Annotated[
+    str | None,
+    typer.Option(
+        help="The HTTP/2 server it runs on: h2core (ours, the default) or grpclib (grpclib's)."
+    ),
+]
 
 
 @app.callback()
@@ -240,6 +246,7 @@ def serve_orchestrator(
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = None,
+    http2: Http2 = None,
     leader_lease: Annotated[
         float | None,
         typer.Option(
@@ -289,6 +296,7 @@ def serve_orchestrator(
         "kubeconfig": ("kubeconfig", kubeconfig),
         "metrics_port": ("metrics_port", metrics_port),
         "metrics_host": ("metrics_host", metrics_host),
+        "http2": ("http2", http2),
         "leader_lease": ("leader_lease", leader_lease),
         "advertise": ("advertise", advertise),
     }
@@ -304,6 +312,7 @@ def serve_orchestrator(
         "kubeconfig",
         "metrics_port",
         "metrics_host",
+        "http2",
         "leader_lease",
         "advertise",
     }
@@ -450,6 +459,7 @@ def serve_agent(
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = None,
+    http2: Http2 = None,
 ) -> None:
     """Serve the node agent (snapshot and restore of jobs' accelerator contexts).
 
@@ -498,6 +508,7 @@ def serve_agent(
                 cgroup_root=cgroup_root,
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
+                **({"http2": http2} if http2 is not None else {}),
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None

@@ -97,6 +97,14 @@ def test_an_unknown_log_level_lists_the_levels(tmp_path: Path, server: str) -> N
     assert all(level in line for level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 
 
+@pytest.mark.parametrize("server", ["orchestrator", "agent"])
+def test_an_unknown_http2_server_lists_the_servers(tmp_path: Path, server: str) -> None:
+    code, lines = timeslice(tmp_path, "serve", server, "--db", "memory", "--http2", "nghttp2")
+    assert code == 2
+    line = one_error(lines)
+    assert "http2 must be one of h2core, grpclib, not 'nghttp2'" in line
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -68,10 +68,12 @@ POLICY = AuthPolicy(
 )  # fmt: skip
 
 
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
+@pytest.fixture(params=["h2core", "grpclib"])
+async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
+    """The agent on each HTTP/2 server, on TCP and on a Unix socket."""
     async with Agent(
         node_name="n1",
+        http2=request.param,
         db=f"sqlite:///{tmp_path / 'agent.db'}",
         backends=("noop", "app_channel", "app_endpoint"),
         auth=POLICY,

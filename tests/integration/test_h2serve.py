@@ -5,11 +5,17 @@ both clients expect them; and the orchestrator on it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import NamedTuple
 
 import grpclib.const
+import h2.config
+import h2.connection
+import h2.settings
 import pytest
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
@@ -17,7 +23,9 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from benchmarks.common import RawCodec
 from tests.certs import Certs
 from timeslice import AsyncTimeSliceOrchestratorClient, Orchestrator
-from timeslice.api.h2serve import Call, CallError, H2Server, Route
+from timeslice.agent.config import AgentConfig
+from timeslice.api.h2core import Limits
+from timeslice.api.h2serve import Call, CallError, GrpcConnection, H2Server, Route
 from timeslice.client import WatchEvent, WatchEventKind
 from timeslice.api.serving import listening_socket
 from timeslice.errors import Code, InvalidArgumentError
@@ -26,8 +34,8 @@ from timeslice.security.tls import ServerTls
 
 pytestmark = pytest.mark.timeout(60)
 
-ECHO, FAIL, CRASH, SLOW, STREAM = (
-    f"/test.Lean/{m}" for m in ("Echo", "Fail", "Crash", "Slow", "Stream")
+ECHO, FAIL, CRASH, SLOW, STREAM, FLOOD = (
+    f"/test.Lean/{m}" for m in ("Echo", "Fail", "Crash", "Slow", "Stream", "Flood")
 )
 LIMIT = 4 * 1024 * 1024
 
@@ -40,6 +48,7 @@ class Handlers:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
+        self.sent = 0  # messages a Stream or Flood call sent
 
     async def echo(self, call: Call) -> None:
         body = await call.recv(LIMIT)
@@ -67,7 +76,16 @@ class Handlers:
         count = int(await call.recv(LIMIT) or b"0")
         for i in range(count):
             call.send(framed(str(i).encode() * 10_000))
+            self.sent += 1
             await call.drain()
+
+    async def flood(self, call: Call) -> None:
+        """A handler that queues a whole reply without waiting for the client."""
+        count = int(await call.recv(LIMIT) or b"0")
+        for _ in range(count):
+            call.send(framed(bytes(65_536)))
+            self.sent += 1
+        await asyncio.sleep(30)
 
     def routes(self) -> dict[str, Route]:
         return {
@@ -76,6 +94,7 @@ class Handlers:
             CRASH: Route(self.crash),
             SLOW: Route(self.slow),
             STREAM: Route(self.stream),
+            FLOOD: Route(self.flood),
         }
 
 
@@ -88,9 +107,9 @@ class Served(NamedTuple):
 
 
 @asynccontextmanager
-async def serving() -> AsyncIterator[Served]:
+async def serving(h2: Limits | None = None) -> AsyncIterator[Served]:
     handlers = Handlers()
-    server = H2Server(handlers.routes())
+    server = H2Server(handlers.routes(), h2=h2)
     sock = listening_socket("127.0.0.1", 0)
     await server.start(sock)
     host, port = "127.0.0.1", sock.getsockname()[1]
@@ -100,6 +119,13 @@ async def serving() -> AsyncIterator[Served]:
     finally:
         channel.close()
         await server.stop()
+
+
+async def until(check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
 
 
 async def unary(channel: Channel, path: str, body: bytes, timeout: float | None = 10) -> bytes:
@@ -172,6 +198,56 @@ async def test_a_server_stream_waits_for_the_clients_window() -> None:
         assert got == [str(i).encode() * 10_000 for i in range(40)]
 
 
+@asynccontextmanager
+async def reading_nothing(port: int, path: str, body: bytes) -> AsyncIterator[None]:
+    """A client that makes one call granting the largest windows HTTP/2 allows, on a
+    socket with a small receive buffer, and then reads nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding="utf-8"))
+    client.initiate_connection()
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    client.increment_flow_control_window(2**31 - 1 - 65_535)
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", path)]
+    headers += [(":authority", "x"), ("te", "trailers"), ("content-type", "application/grpc")]
+    client.send_headers(1, headers)
+    client.send_data(1, framed(body), end_stream=True)
+    await asyncio.get_running_loop().sock_sendall(sock, client.data_to_send())
+    try:
+        yield
+    finally:
+        sock.close()
+
+
+async def test_a_stream_to_a_client_that_reads_nothing_waits_and_holds_little() -> None:
+    async with serving() as served, reading_nothing(served.port, STREAM, b"100000"):
+        handlers = served.handlers
+        await asyncio.sleep(1.0)
+        stalled = handlers.sent
+        await asyncio.sleep(0.5)
+        # The handler waits in drain(): nothing more is sent, and what waits in the
+        # server for the client is about a write's worth, not the reply.
+        assert handlers.sent == stalled < 1000
+        (connection,) = served.server.connections.open
+        assert isinstance(connection, GrpcConnection) and connection.transport is not None
+        assert connection.transport.get_write_buffer_size() < 1024 * 1024
+
+
+async def test_a_client_that_reads_nothing_is_dropped_past_max_unsent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with (
+        serving(Limits(max_unsent=1024 * 1024)) as served,
+        reading_nothing(served.port, FLOOD, b"512"),
+    ):
+        # 32 MiB queued in one turn: far past what the socket takes, and the limit.
+        await until(lambda: served.handlers.sent == 512 and not served.server.connections.open)
+    assert "drops a connection from" in caplog.text
+    assert "it does not read what it is sent" in caplog.text
+
+
 async def test_stopping_the_server_ends_its_connections() -> None:
     async with serving() as served:
         channel = served.channel
@@ -211,18 +287,16 @@ def test_grpcio_calls_it() -> None:
 # --- the orchestrator on it (`http2="h2core"`) --------------------------------------------
 
 
-def test_the_orchestrator_takes_h2core_only_where_its_missing_limits_do_not_matter(
-    certs: Certs,
-) -> None:
-    OrchestratorConfig(http2="h2core")  # loopback, no TLS
-    OrchestratorConfig(http2="grpclib", host="0.0.0.0", insecure=True)
-    for wrong in (
-        {"http2": "h3"},
-        {"http2": "h2core", "host": "0.0.0.0", "insecure": True},
-        {"http2": "h2core", "tls": ServerTls(cert=certs.server.cert, key=certs.server.key)},
-    ):
-        with pytest.raises(InvalidArgumentError, match="http2"):
-            OrchestratorConfig(**wrong)
+def test_both_servers_take_either_http2_server_anywhere_and_no_other(certs: Certs) -> None:
+    tls = ServerTls(cert=certs.server.cert, key=certs.server.key)
+    for http2 in ("h2core", "grpclib"):
+        OrchestratorConfig(http2=http2, host="0.0.0.0", insecure=True)
+        OrchestratorConfig(http2=http2, tls=tls)
+        AgentConfig(node_name="n1", http2=http2, tls=tls)
+    assert OrchestratorConfig().http2 == AgentConfig(node_name="n1").http2 == "h2core"
+    for config in (OrchestratorConfig, partial(AgentConfig, node_name="n1")):
+        with pytest.raises(InvalidArgumentError, match="http2 must be one of h2core, grpclib"):
+            config(http2="h3")
 
 
 async def test_a_handoff_and_its_watch_on_the_orchestrator_on_h2core() -> None:

@@ -29,6 +29,12 @@ from timeslice.orchestrator.server import Orchestrator, OrchestratorConfig
 Stub = pb.TimeSliceOrchestratorServiceStub
 
 
+@pytest.fixture(params=["h2core", "grpclib"])
+def http2(request: pytest.FixtureRequest) -> str:
+    """Each limit is checked on both HTTP/2 servers."""
+    return str(request.param)
+
+
 async def read_until_closed(address: str, send: bytes = b"", within: float = 5.0) -> float:
     """Open a plain TCP connection to `address`, send `send`, and read until the
     server closes it; the seconds that took (fails after `within`)."""
@@ -83,8 +89,8 @@ async def until(check: Any, within: float = 5.0) -> None:
 # --- connections ------------------------------------------------------------------------
 
 
-async def test_a_connection_over_the_limit_is_answered_resource_exhausted() -> None:
-    async with Orchestrator(max_connections=2) as orch, AsyncExitStack() as stack:
+async def test_a_connection_over_the_limit_is_answered_resource_exhausted(http2: str) -> None:
+    async with Orchestrator(max_connections=2, http2=http2) as orch, AsyncExitStack() as stack:
         first = await stack.enter_async_context(orchestrator_stub(orch.address))
         second = await stack.enter_async_context(orchestrator_stub(orch.address))
         await first.list_groups(pb.ListGroupsRequest())
@@ -103,8 +109,8 @@ async def test_a_connection_over_the_limit_is_answered_resource_exhausted() -> N
             await fourth.list_groups(pb.ListGroupsRequest())
 
 
-async def test_the_agent_refuses_a_connection_over_its_limit() -> None:
-    async with Agent(node_name="n1", backends=("noop",), max_connections=1) as agent:
+async def test_the_agent_refuses_a_connection_over_its_limit(http2: str) -> None:
+    async with Agent(node_name="n1", backends=("noop",), max_connections=1, http2=http2) as agent:
         host, port = split_address(agent.address)
         first, second = grpclib.client.Channel(host, port), grpclib.client.Channel(host, port)
         try:
@@ -119,8 +125,11 @@ async def test_the_agent_refuses_a_connection_over_its_limit() -> None:
             second.close()
 
 
-async def test_a_refused_connection_is_closed_after_its_answer() -> None:
-    async with Orchestrator(max_connections=1) as orch, orchestrator_stub(orch.address) as first:
+async def test_a_refused_connection_is_closed_after_its_answer(http2: str) -> None:
+    async with (
+        Orchestrator(max_connections=1, http2=http2) as orch,
+        orchestrator_stub(orch.address) as first,
+    ):
         await first.list_groups(pb.ListGroupsRequest())
         async with orchestrator_stub(orch.address) as second:
             with pytest.raises(GRPCError):
@@ -144,8 +153,8 @@ def test_too_few_open_files_for_the_connection_limit_are_warned_of(
 # --- streams per connection -----------------------------------------------------------
 
 
-async def test_a_connection_holds_at_most_its_streams() -> None:
-    async with Orchestrator(max_streams_per_connection=2) as orch:
+async def test_a_connection_holds_at_most_its_streams(http2: str) -> None:
+    async with Orchestrator(max_streams_per_connection=2, http2=http2) as orch:
         async with (
             orchestrator_stub(orch.address) as stub,
             orchestrator_stub(orch.address) as other,
@@ -167,21 +176,21 @@ async def test_a_connection_holds_at_most_its_streams() -> None:
 # --- silent and idle connections ------------------------------------------------------
 
 
-async def test_a_connection_that_sends_no_request_is_closed() -> None:
-    async with Orchestrator(header_timeout=0.3) as orch:
+async def test_a_connection_that_sends_no_request_is_closed(http2: str) -> None:
+    async with Orchestrator(header_timeout=0.3, http2=http2) as orch:
         assert 0.25 < await read_until_closed(orch.address) < 3
         preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
         assert 0.25 < await read_until_closed(orch.address, preface) < 3
         await until(lambda: not census(orch))
 
 
-async def test_the_agent_closes_a_connection_that_sends_no_request() -> None:
-    async with Agent(node_name="n1", backends=("noop",), header_timeout=0.3) as agent:
+async def test_the_agent_closes_a_connection_that_sends_no_request(http2: str) -> None:
+    async with Agent(node_name="n1", backends=("noop",), header_timeout=0.3, http2=http2) as agent:
         assert 0.25 < await read_until_closed(agent.address) < 3
 
 
-async def test_an_idle_connection_is_closed_and_one_with_a_stream_open_is_not() -> None:
-    async with Orchestrator(idle_timeout=0.3) as orch:
+async def test_an_idle_connection_is_closed_and_one_with_a_stream_open_is_not(http2: str) -> None:
+    async with Orchestrator(idle_timeout=0.3, http2=http2) as orch:
         async with orchestrator_stub(orch.address) as idle, orchestrator_stub(orch.address) as busy:
             await idle.list_groups(pb.ListGroupsRequest())
             async with watch_stream(orch, busy, "g") as watching:
@@ -198,8 +207,11 @@ async def test_an_idle_connection_is_closed_and_one_with_a_stream_open_is_not() 
 # --- half-sent requests ---------------------------------------------------------------
 
 
-async def test_a_request_whose_message_never_comes_is_ended() -> None:
-    async with Orchestrator(message_timeout=0.3) as orch, orchestrator_stub(orch.address) as stub:
+async def test_a_request_whose_message_never_comes_is_ended(http2: str) -> None:
+    async with (
+        Orchestrator(message_timeout=0.3, http2=http2) as orch,
+        orchestrator_stub(orch.address) as stub,
+    ):
         route = f"{SERVICE}/Acquire"
         request = stub.channel.request(
             route, Cardinality.UNARY_UNARY, pb.AcquireRequest, pb.AcquireResponse, timeout=5
@@ -225,8 +237,11 @@ async def test_a_request_whose_message_never_comes_is_ended() -> None:
 # --- Watch streams --------------------------------------------------------------------
 
 
-async def test_a_watch_over_the_limit_is_answered_resource_exhausted() -> None:
-    async with Orchestrator(max_watchers=2) as orch, orchestrator_stub(orch.address) as stub:
+async def test_a_watch_over_the_limit_is_answered_resource_exhausted(http2: str) -> None:
+    async with (
+        Orchestrator(max_watchers=2, http2=http2) as orch,
+        orchestrator_stub(orch.address) as stub,
+    ):
         async with watch_stream(orch, stub):
             async with watch_stream(orch, stub):
                 with pytest.raises(GRPCError) as refused:

@@ -64,14 +64,16 @@ def as_(name: str) -> dict[str, str]:
 Transport = tuple[ServerTls | None, ClientTls | None, str]
 
 
-@pytest.fixture(params=["plain", "tls", "h2core"])
+@pytest.fixture(params=["plain", "tls", "grpclib", "grpclib-tls"])
 def transport(request: pytest.FixtureRequest, certs: Certs) -> Transport:
-    """Each attack is made three times: over plain TCP, over TLS (the token then
-    travels encrypted; it is still what names the caller), and over plain TCP to
-    the orchestrator on our own HTTP/2 server (`http2="h2core"`)."""
-    if request.param == "tls":
-        return ServerTls(cert=certs.server.cert, key=certs.server.key), ClientTls(ca=certs.ca), ""
-    return None, None, "h2core" if request.param == "h2core" else "grpclib"
+    """Each attack is made over plain TCP and over TLS (the token then travels
+    encrypted; it is still what names the caller), to the orchestrator on our own
+    HTTP/2 server (the default) and on grpclib's (`http2="grpclib"`)."""
+    http2 = "grpclib" if request.param.startswith("grpclib") else "h2core"
+    if request.param.endswith("tls"):
+        tls = ServerTls(cert=certs.server.cert, key=certs.server.key)
+        return tls, ClientTls(ca=certs.ca), http2
+    return None, None, http2
 
 
 @pytest.fixture
@@ -82,7 +84,7 @@ def client_tls(transport: Transport) -> ClientTls | None:
 @pytest.fixture
 async def orch(transport: Transport) -> AsyncIterator[Orchestrator]:
     server_tls, _, http2 = transport
-    async with Orchestrator(auth=POLICY, tls=server_tls, http2=http2 or "grpclib") as orchestrator:
+    async with Orchestrator(auth=POLICY, tls=server_tls, http2=http2) as orchestrator:
         yield orchestrator
         orchestrator.table.validate()
 

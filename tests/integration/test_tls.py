@@ -32,6 +32,12 @@ from timeslice.security.tls import ClientTls, ServerTls
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(params=["h2core", "grpclib"])
+def http2(request: pytest.FixtureRequest) -> str:
+    """The servers' TLS is checked on both HTTP/2 servers."""
+    return str(request.param)
+
+
 def server_tls(certs: Certs, mutual: bool = False) -> ServerTls:
     return ServerTls(
         cert=certs.server.cert, key=certs.server.key, client_ca=certs.ca if mutual else ""
@@ -45,13 +51,18 @@ def client_tls(certs: Certs, cn: str = "") -> ClientTls:
     return ClientTls(ca=certs.ca, cert=pair.cert, key=pair.key)
 
 
-async def test_a_switch_runs_with_every_connection_over_mutual_tls(certs: Certs) -> None:
+async def test_a_switch_runs_with_every_connection_over_mutual_tls(
+    certs: Certs, http2: str
+) -> None:
     saved: list[str] = []
     orchestrator = client_tls(certs, "orchestrator")
     async with (
-        Orchestrator(tls=server_tls(certs, mutual=True), agent_tls=orchestrator) as orch,
+        Orchestrator(
+            tls=server_tls(certs, mutual=True), agent_tls=orchestrator, http2=http2
+        ) as orch,
         Agent(
             node_name="n1",
+            http2=http2,
             backends=("app_channel",),
             tls=server_tls(certs, mutual=True),
             orchestrator=orch.address,
@@ -100,9 +111,9 @@ async def test_a_switch_runs_with_every_connection_over_mutual_tls(certs: Certs)
 
 
 async def test_mtls_refuses_another_cas_certificate_and_none_at_the_handshake(
-    certs: Certs,
+    certs: Certs, http2: str
 ) -> None:
-    async with Orchestrator(tls=server_tls(certs, mutual=True)) as orch:
+    async with Orchestrator(tls=server_tls(certs, mutual=True), http2=http2) as orch:
         other = ClientTls(ca=certs.ca, cert=certs.other_client.cert, key=certs.other_client.key)
         for tls in (other, client_tls(certs)):
             async with AsyncTimeSliceOrchestratorClient(
@@ -183,9 +194,9 @@ async def test_the_token_of_timeslice_token_names_the_caller_at_the_edge(
 
 
 async def test_a_tls_handshake_never_finished_is_dropped_at_the_header_timeout(
-    certs: Certs,
+    certs: Certs, http2: str
 ) -> None:
-    async with Orchestrator(tls=server_tls(certs), header_timeout=0.3) as orch:
+    async with Orchestrator(tls=server_tls(certs), header_timeout=0.3, http2=http2) as orch:
         host, port = orch.address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         began = time.monotonic()
@@ -198,9 +209,9 @@ async def test_a_tls_handshake_never_finished_is_dropped_at_the_header_timeout(
 
 
 async def test_a_refused_handshake_is_logged(
-    certs: Certs, caplog: pytest.LogCaptureFixture
+    certs: Certs, caplog: pytest.LogCaptureFixture, http2: str
 ) -> None:
-    async with Orchestrator(tls=server_tls(certs, mutual=True)) as orch:
+    async with Orchestrator(tls=server_tls(certs, mutual=True), http2=http2) as orch:
         other = ClientTls(ca=certs.ca, cert=certs.other_client.cert, key=certs.other_client.key)
         for tls in (other, client_tls(certs)):
             async with AsyncTimeSliceOrchestratorClient(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from timeslice.agent.local_socket import check_socket_path
-from timeslice.api.connections import connection_limits
+from timeslice.api.connections import check_http2, connection_limits
 from timeslice.backends.endpoints import normalize_prefixes
 from timeslice.errors import InvalidArgumentError
 from timeslice.security.exposure import check_exposure
@@ -68,6 +68,10 @@ class AgentConfig:
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
     message_timeout: float = 10.0
+    # The HTTP/2 server that carries the calls, on TCP and on the Unix socket:
+    # "h2core" (ours, `timeslice.api.h2edge`) or "grpclib" (grpclib's); see the
+    # orchestrator's.
+    http2: str = "h2core"
     # A Unix socket to serve on too (`--socket PATH`), for node-local jobs and
     # workloads, known there by their peer credentials; None: TCP only.
     socket: str | None = None
@@ -86,6 +90,7 @@ class AgentConfig:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port {self.port} is out of range")
         check_metrics_port(self.metrics_port, self.metrics_host)
+        check_http2(self.http2)
         check_exposure(
             "the agent",
             self.host,

@@ -31,6 +31,7 @@ from timeslice.agent.store import StateStore
 from timeslice.api.bounds import MAX_FENCING_TOKEN, MAX_ORCHESTRATOR_EPOCH
 from timeslice.api.connections import connection_limits
 from timeslice.security.callers import Authenticator
+from timeslice.api.h2edge import EdgeServer, edge_server
 from timeslice.api.serving import CallGate, GrpcServer
 from timeslice.backends import (
     AcceleratorMemory,
@@ -78,8 +79,8 @@ class Agent:
             self.config.operation_retention,
             self.config.node_name,
         )
-        self._server: GrpcServer | None = None
-        self._unix_server: GrpcServer | None = None
+        self._server: EdgeServer | GrpcServer | None = None
+        self._unix_server: EdgeServer | GrpcServer | None = None
         self._unix: BoundSocket | None = None
         self._address: str | None = None
         self._state = "new"
@@ -231,11 +232,7 @@ class Agent:
                 log.warning("backend %s failed to start: %s", name, exc)
 
     async def _listen(self) -> None:
-        self._server = GrpcServer(
-            [AgentService(self), HealthService(self)],
-            connection_limits(self.config),
-            "the agent",
-        )
+        self._server = self._edge_server()
         self._address = await self._server.serve_configured(self.config)
 
     async def _serve_metrics(self) -> None:
@@ -267,12 +264,12 @@ class Agent:
         if self.config.socket is None:
             return
         self._unix = bind_unix(self.config.socket)
-        self._unix_server = GrpcServer(
-            [AgentService(self), HealthService(self)],
-            connection_limits(self.config),
-            "the agent",
-        )
+        self._unix_server = self._edge_server()
         await self._unix_server.start(sock=self._unix.sock)
+
+    def _edge_server(self) -> EdgeServer | GrpcServer:
+        services = [AgentService(self), HealthService(self)]
+        return edge_server(self.config.http2, services, connection_limits(self.config), "the agent")
 
     async def _stop_unix(self) -> None:
         if self._unix_server is not None:

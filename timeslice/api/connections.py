@@ -1,8 +1,10 @@
 """The connections a timeslice server accepts, held to its limits.
 
-grpclib serves every connection for as long as its peer keeps it, and each one
-costs an HTTP/2 state machine, buffers and a task per stream: a peer that opens
-thousands, or opens them and sends nothing, would hold the server's memory. So:
+An HTTP/2 server serves every connection for as long as its peer keeps it, and
+each one costs a state machine, buffers and a task per stream: a peer that opens
+thousands, or opens them and sends nothing, would hold the server's memory. Both
+servers a timeslice server can run on (`HTTP2_SERVERS`: our own `h2serve`, the
+default, or grpclib's) are held to the same limits, counted in one `Census`:
 
 - at most `max_connections` at once: one over is answered, call by call,
   RESOURCE_EXHAUSTED (a short trailers-only answer, no handler runs) and then
@@ -16,7 +18,8 @@ thousands, or opens them and sends nothing, would hold the server's memory. So:
   session, an Acquire that waits) keeps its connection, however quiet.
 
 How long a unary call may wait for its request message is the edge's to bound
-(`CallGate.message_timeout`): a stream opened is a stream counted here.
+(`CallGate.message_timeout`): a stream opened is a stream counted here. What a
+peer leaves unread is bounded by the server it runs on (`max_unsent` on h2serve).
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ REFUSAL_WARNING_EVERY = 10.0
 # Files a server process keeps open besides its connections: its journal or job
 # table, its clients of other servers, its logs.
 SPARE_FILES = 64
+# The HTTP/2 servers a timeslice server may run on (its config's `http2`): ours
+# (`timeslice.api.h2edge`), or grpclib's (`GrpcServer` here).
+HTTP2_SERVERS = ("h2core", "grpclib")
+
+
+def check_http2(http2: str) -> None:
+    """Refuse an HTTP/2 server that is not one of `HTTP2_SERVERS`."""
+    if http2 not in HTTP2_SERVERS:
+        raise InvalidArgumentError(
+            f"http2 must be one of {', '.join(HTTP2_SERVERS)}, not {http2!r}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,15 +127,21 @@ def warn_if_files_run_short(limits: ConnectionLimits, what: str) -> None:
 
 
 class Census:
-    """The connections a server holds against its limit."""
+    """The connections a server holds against its limit (whichever server: each
+    connection is counted in by `admit` and out with `open.discard`)."""
 
     def __init__(self, limits: ConnectionLimits, what: str) -> None:
         self.limits, self.what = limits, what
-        self.open: set[LimitedProtocol] = set()
+        self.open: set[object] = set()
         self.refused = 0  # since the last warning
         self._warned_at = -REFUSAL_WARNING_EVERY
 
-    def admit(self, protocol: LimitedProtocol) -> bool:
+    @property
+    def refusal(self) -> str:
+        """What a connection over the limit is answered (RESOURCE_EXHAUSTED)."""
+        return f"{self.what} has {self.limits.max_connections} connections, its limit"
+
+    def admit(self, protocol: object) -> bool:
         """Count `protocol` in, or (at the limit) say that it is refused."""
         if len(self.open) < self.limits.max_connections:
             self.open.add(protocol)
@@ -188,12 +208,11 @@ class LimitedProtocol(H2Protocol):
 
     def refuse(self, stream_id: int) -> None:
         """Answer a request on a connection over the limit, without running it."""
-        message = f"{self.census.what} has {self.limits.max_connections} connections, its limit"
         headers = [
             (":status", "200"),
             ("content-type", "application/grpc+proto"),
             ("grpc-status", str(Status.RESOURCE_EXHAUSTED.value)),
-            ("grpc-message", encode_grpc_message(message)),
+            ("grpc-message", encode_grpc_message(self.census.refusal)),
         ]
         try:
             self.connection._connection.send_headers(stream_id, headers, end_stream=True)

@@ -306,6 +306,11 @@ class ServerConnection:
         return out
 
     @property
+    def unsent(self) -> int:
+        """How many bytes wait for `data_to_send`."""
+        return len(self._out)
+
+    @property
     def open_streams(self) -> int:
         return len(self._streams)
 

@@ -4,9 +4,8 @@ server (`timeslice.api.h2serve`) instead of grpclib's.
 The servicers are the same objects grpclib's server takes: their `__mapping__`
 routes, each an `EdgeHandler`, run here over an `H2Call`, so that what a call may
 do and how it fails (bounded strict reads, authentication, error translation) is
-the edge's, whichever server carries it. Not served here yet: TLS and the
-connection limits of `timeslice.api.connections` (how many connections, how long
-one may stay idle); a server configured with TLS refuses to start on it.
+the edge's, whichever server carries it. `edge_server` makes the server a
+config's `http2` names, this one or grpclib's.
 """
 
 from __future__ import annotations
@@ -17,18 +16,19 @@ from typing import Any
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from timeslice.api.h2core import Limits
+from timeslice.api.connections import ConnectionLimits, check_http2
 from timeslice.api.h2serve import Call, CallError, H2Server, Route
 from timeslice.api.serving import (
     EdgeHandler,
     Encoded,
+    GrpcServer,
     Listening,
     bound_address,
     listening_socket,
     warn_if_left_open,
 )
 from timeslice.api.wire import decode_strict
-from timeslice.errors import Code, InvalidArgumentError
+from timeslice.errors import Code
 
 
 class _Peer:
@@ -112,16 +112,32 @@ def _serving(edge: EdgeHandler, request_type: Any) -> Any:
 class EdgeServer(H2Server):
     """The edge's servicers on h2serve, listening where a server's config says."""
 
-    def __init__(self, servicers: Iterable[Any], what: str, limits: Limits | None = None):
-        super().__init__(h2_routes(servicers), limits)
-        self.what = what
+    def __init__(
+        self, servicers: Iterable[Any], limits: ConnectionLimits | None = None, what: str = ""
+    ) -> None:
+        super().__init__(h2_routes(servicers), limits, what or "the server")
 
     async def serve_configured(self, config: Listening) -> str:
-        """Listen on the config's host and port; the address as "HOST:PORT"."""
-        if config.tls is not None:
-            raise InvalidArgumentError(f"{self.what} cannot serve TLS on h2core yet")
+        """Listen on the config's host and port, over TLS when it has some; the
+        address as "HOST:PORT". A server open to the network without TLS or auth
+        says so (it may, with `insecure`)."""
         sock = listening_socket(config.host, config.port)
-        await self.start(sock)
+        try:
+            await self.start(sock, None if config.tls is None else config.tls.context())
+        except BaseException:
+            sock.close()
+            raise
         address = bound_address(sock)
-        warn_if_left_open(self.what, address, config)
+        warn_if_left_open(self.connections.what, address, config)
         return address
+
+
+def edge_server(
+    http2: str, servicers: list[Any], limits: ConnectionLimits, what: str
+) -> EdgeServer | GrpcServer:
+    """A server of `servicers` on the HTTP/2 server `http2` names (see
+    `timeslice.api.connections.HTTP2_SERVERS`)."""
+    check_http2(http2)
+    if http2 == "grpclib":
+        return GrpcServer(servicers, limits, what)
+    return EdgeServer(servicers, limits, what)

@@ -13,6 +13,14 @@ A handler that returns without `finish` ends the call OK; one that raises ends i
 INTERNAL (a `CallError` with its own status). A client's deadline (`grpc-timeout`)
 cancels the handler and answers DEADLINE_EXCEEDED; a reset stream or a lost
 connection cancels it.
+
+The server is held to `ConnectionLimits` as grpclib's is (`timeslice.api.connections`):
+a connection over `max_connections` is answered RESOURCE_EXHAUSTED and closed, one
+that sends no request headers within `header_timeout` or has no call open for
+`idle_timeout` is closed. A peer that does not read holds little: a handler's
+`drain` waits while the connection has more than `WRITE_HIGH_WATER` bytes queued or
+the transport is paused, and a connection whose unread bytes pass `max_unsent`
+is dropped.
 """
 
 from __future__ import annotations
@@ -20,11 +28,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from ssl import SSLContext
 from typing import Any
 
 from grpclib.metadata import encode_grpc_message
+
+from timeslice.api.connections import (
+    REFUSED_LINGER,
+    Census,
+    ConnectionLimits,
+    warn_if_files_run_short,
+)
 
 from timeslice.api.h2core import (
     ConnectionClosed,
@@ -41,6 +58,10 @@ from timeslice.api.h2core import (
 from timeslice.errors import Code
 
 log = logging.getLogger(__name__)
+
+# Bytes a connection queues before a reply waits for them to be written (asyncio's
+# own high-water mark for a transport's buffer).
+WRITE_HIGH_WATER = 64 * 1024
 
 
 class CallError(Exception):
@@ -197,8 +218,10 @@ class Call:
         self._connection.wake()
 
     async def drain(self) -> None:
-        """Wait until what `send` queued has gone out to the client's window."""
+        """Wait until what `send` queued has gone out to the client's window, and
+        the connection takes more (`GrpcConnection.drain`)."""
         await self._writable.wait()
+        await self._connection.drain()
 
     def finish(
         self, code: Code = Code.OK, message: str = "", trailers: Sequence[tuple[str, str]] = ()
@@ -222,41 +245,70 @@ class Call:
 
 
 class GrpcConnection(asyncio.Protocol):
-    """One client connection; see the module's docstring."""
+    """One client connection of `server`; see the module's docstring."""
 
-    def __init__(
-        self,
-        routes: dict[str, Route],
-        limits: Limits | None = None,
-        lost: Callable[[GrpcConnection], None] | None = None,
-    ) -> None:
-        self._routes = routes
-        self._lost = lost
-        self.h2 = ServerConnection(limits)
+    def __init__(self, server: H2Server) -> None:
+        self._server = server
+        self._routes = server.routes
+        self._census = server.connections
+        self.h2 = ServerConnection(server.h2_limits)
         self.transport: asyncio.Transport | None = None
         self._calls: dict[int, tuple[Call, asyncio.Task[None]]] = {}
         self._waking = False
         self.peer: Any = None
         self.closed = asyncio.Event()
+        # Set while the transport takes more (asyncio's pause_writing and
+        # resume_writing), and once what was queued has been written.
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._written = asyncio.Event()
+        self.refused = False  # over the server's connection limit
+        self._timer: asyncio.TimerHandle | None = None
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.refused = not self._census.admit(self)
+        self._arm(self._census.limits.header_timeout, "no request headers in time")
         self.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._census.open.discard(self)
+        self._server.lost(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._abandon_all()
+        self._flowing.set()
+        self._written.set()
         self.closed.set()
-        if self._lost is not None:
-            self._lost(self)
+
+    def pause_writing(self) -> None:
+        self._flowing.clear()
+
+    def resume_writing(self) -> None:
+        self._flowing.set()
+
+    async def drain(self) -> None:
+        """Wait while the connection holds too much for its client: once a write's
+        worth is queued, until it is written; while the transport's buffer is over
+        its high-water mark, until the client has read some. A reply smaller than
+        that goes on at once, and leaves with the rest of its turn in one write."""
+        if self.h2.unsent >= WRITE_HIGH_WATER:
+            await self._written.wait()
+        await self._flowing.wait()
 
     def data_received(self, data: bytes) -> None:
         for event in self.h2.receive(data):
             match event:
                 case RequestReceived(stream_id=sid, headers=headers, ended=ended):
-                    self._start(sid, headers, ended)
+                    if self.refused:
+                        self._refuse(sid)
+                    else:
+                        self._start(sid, headers, ended)
                 case DataReceived(stream_id=sid, data=body, ended=ended):
                     if (entry := self._calls.get(sid)) is not None:
                         entry[0]._feed(body, ended)
@@ -267,6 +319,7 @@ class GrpcConnection(asyncio.Protocol):
                     if (entry := self._calls.pop(sid, None)) is not None:
                         entry[0]._abandon()
                         entry[1].cancel()
+                        self._ended_call()
                 case StreamWritable(stream_id=sid):
                     if (entry := self._calls.get(sid)) is not None:
                         entry[0]._writable.set()
@@ -284,16 +337,29 @@ class GrpcConnection(asyncio.Protocol):
         """Write what is queued at the end of this turn of the loop (once)."""
         if not self._waking:
             self._waking = True
+            self._written.clear()
             asyncio.get_running_loop().call_soon(self._write)
 
     def _write(self) -> None:
         self._waking = False
-        if self.transport is None:
+        self._written.set()
+        transport = self.transport
+        if transport is None:
             return
         if data := self.h2.data_to_send():
-            self.transport.write(data)
+            transport.write(data)
+            # The client's windows bound what the streams send, but a client may grant
+            # huge ones and read nothing: the transport's buffer is bounded too.
+            if transport.get_write_buffer_size() > self.h2.limits.max_unsent:
+                log.warning(
+                    "%s drops a connection from %s: it does not read what it is sent",
+                    self._census.what,
+                    self.peer,
+                )
+                transport.abort()
+                return
         if self.h2.closed is not None:
-            self.transport.close()
+            transport.close()
 
     def close(self, reason: str = "") -> None:
         """End the connection (GOAWAY); the calls under way are cancelled."""
@@ -307,12 +373,49 @@ class GrpcConnection(asyncio.Protocol):
             call._abandon()
             task.cancel()
 
+    # --- the server's limits ------------------------------------------------------------
+
+    def _arm(self, delay: float, why: str) -> None:
+        """Close the connection `delay` seconds from now, unless disarmed first."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expire, why)
+
+    def _disarm(self) -> None:
+        if self._timer is not None and not self._lingering:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, why: str) -> None:
+        self._timer = None
+        if self.transport is not None:
+            log.debug("%s closes a connection from %s: %s", self._census.what, self.peer, why)
+            self.close(f"connection closed: {why}")
+
+    def _ended_call(self) -> None:
+        """A call is over: with none left, the connection is idle."""
+        if not self._calls and self._timer is None and self.transport is not None:
+            self._arm(self._census.limits.idle_timeout, "idle")
+
+    def _refuse(self, stream_id: int) -> None:
+        """Answer a request on a connection over the limit, without running it, and
+        close the connection a little later (once its peer has read the answer)."""
+        block = status_block(Code.RESOURCE_EXHAUSTED, self._census.refusal, trailers_only=True)
+        self.h2.respond(stream_id, block, end=True)
+        if not self._lingering:
+            self._arm(REFUSED_LINGER, "refused")
+            self._lingering = True
+
+    # --- calls --------------------------------------------------------------------------
+
     def _start(self, stream_id: int, headers: list[tuple[str, str]], ended: bool) -> None:
+        self._disarm()
         call = Call(self, stream_id, headers, ended)
         route = self._routes.get(call.path)
         problem = _refusal(call, headers, route)
         if problem is not None:
             call.finish(*problem)
+            self._ended_call()
             return
         assert route is not None
         timeout = next((grpc_timeout(v) for n, v in call.metadata if n == "grpc-timeout"), None)
@@ -340,7 +443,8 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 call.finish()
         finally:
-            self._calls.pop(call.stream_id, None)
+            if self._calls.pop(call.stream_id, None) is not None:
+                self._ended_call()
 
 
 def _refusal(
@@ -361,29 +465,51 @@ def _refusal(
 
 
 class H2Server:
-    """Listens, makes a `GrpcConnection` of each client, closes them all on `stop`."""
+    """Listens, makes a `GrpcConnection` of each client, holds them to `limits`
+    (`timeslice.api.connections`; `what` names the server in what it answers), and
+    closes them all on `stop`. `h2` bounds each connection's HTTP/2 (its
+    `max_streams` is `limits.max_streams`)."""
 
-    def __init__(self, routes: dict[str, Route], limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        routes: dict[str, Route],
+        limits: ConnectionLimits | None = None,
+        what: str = "the server",
+        h2: Limits | None = None,
+    ) -> None:
         self.routes = routes
-        self.limits = limits or Limits()
+        self.connections = Census(limits or ConnectionLimits(), what)
+        self.h2_limits = replace(h2 or Limits(), max_streams=self.connections.limits.max_streams)
         self._server: asyncio.Server | None = None
-        self._connections: set[GrpcConnection] = set()
+        self._accepted: set[GrpcConnection] = set()  # the refused ones too
 
     def _protocol(self) -> GrpcConnection:
-        connection = GrpcConnection(self.routes, self.limits, self._connections.discard)
-        self._connections.add(connection)
+        connection = GrpcConnection(self)
+        self._accepted.add(connection)
         return connection
 
-    async def start(self, sock: Any, ssl: Any = None) -> None:
+    def lost(self, connection: GrpcConnection) -> None:
+        self._accepted.discard(connection)
+
+    async def start(self, sock: socket.socket, ssl: SSLContext | None = None) -> None:
+        """Serve on the listening `sock` (over TLS with `ssl`: a handshake is bounded
+        by the header timeout, for a connection under way is not counted yet)."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
         self._server = await asyncio.get_running_loop().create_server(
-            self._protocol, sock=sock, ssl=ssl
+            self._protocol,
+            sock=sock,
+            ssl=ssl,
+            ssl_handshake_timeout=None if ssl is None else self.connections.limits.header_timeout,
         )
+        warn_if_files_run_short(self.connections.limits, self.connections.what)
 
     async def stop(self) -> None:
+        """Stop listening, cancel what still runs, and close every connection."""
         if self._server is None:
             return
         self._server.close()
-        for connection in list(self._connections):
+        for connection in list(self._accepted):
             connection.close("the server is closing")
         await self._server.wait_closed()
         self._server = None

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from timeslice.api.connections import connection_limits
+from timeslice.api.connections import check_http2, connection_limits
 from timeslice.errors import InvalidArgumentError
-from timeslice.security.exposure import check_exposure, is_loopback
+from timeslice.security.exposure import check_exposure
 from timeslice.security.principals import AuthPolicy
 from timeslice.security.tls import ClientTls, ServerTls, check_token
 from timeslice.ids import check_id, check_metrics_port, check_node
@@ -125,11 +125,10 @@ class OrchestratorConfig:
     # UNAVAILABLE it answers (`timeslice.targets.ACTIVE_KEY`). None: the address it
     # listens on, unless that is a wildcard (0.0.0.0, ::), which names nobody.
     advertise: str | None = None
-    # The gRPC server that carries the calls: "grpclib" (grpclib's, the default),
-    # or "h2core" (ours, `timeslice.api.h2edge`: about half of grpclib's CPU per
-    # call, but no TLS and no connection limits yet, so for a trusted loopback
-    # deployment or a benchmark only).
-    http2: str = "grpclib"
+    # The HTTP/2 server that carries the calls: "h2core" (ours, the default:
+    # `timeslice.api.h2edge`, about half of grpclib's CPU per call), or "grpclib"
+    # (grpclib's). Both hold to the same limits, TLS and authentication.
+    http2: str = "h2core"
 
     def table_limits(self) -> TableLimits:
         """What the lock table admits."""
@@ -145,13 +144,7 @@ class OrchestratorConfig:
         check_lease(self.leader_lease)
         if self.advertise is not None:
             check_advertised(self.advertise)
-        if self.http2 not in ("grpclib", "h2core"):
-            raise InvalidArgumentError(f"http2 must be grpclib or h2core, not {self.http2!r}")
-        if self.http2 == "h2core" and (self.tls is not None or not is_loopback(self.host)):
-            raise InvalidArgumentError(
-                "http2=h2core serves only on a loopback host without TLS (it has no"
-                " connection limits yet)"
-            )
+        check_http2(self.http2)
         check_exposure(
             "the orchestrator",
             self.host,

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from timeslice.api.connections import connection_limits
 from timeslice.api.health import HealthService
 from timeslice.security.callers import Authenticator
-from timeslice.api.h2core import Limits
-from timeslice.api.h2edge import EdgeServer
+from timeslice.api.h2edge import EdgeServer, edge_server
 from timeslice.api.serving import CallGate, GrpcServer, until_set
 from timeslice.errors import (
     ConflictError,
@@ -338,11 +337,9 @@ class Orchestrator:
     async def _listen(self) -> None:
         health = HealthService(self.gate, self._closing, self._health)
         servicers = [OrchestratorService(self), health]
-        if self.config.http2 == "h2core":
-            limits = Limits(max_streams=self.config.max_streams_per_connection)
-            self._server = EdgeServer(servicers, "the orchestrator", limits)
-        else:
-            self._server = GrpcServer(servicers, connection_limits(self.config), "the orchestrator")
+        self._server = edge_server(
+            self.config.http2, servicers, connection_limits(self.config), "the orchestrator"
+        )
         self._address = await self._server.serve_configured(self.config)
         await self._serve_metrics()
 

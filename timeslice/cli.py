@@ -508,7 +508,7 @@ def serve_agent(
                 cgroup_root=cgroup_root,
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
-                **({"http2": http2} if http2 is not None else {}),
+                http2=http2 or AgentConfig.http2,
             )
         except TimeSliceError as exc:
             raise typer.BadParameter(f"{exc}{environment_note(ctx)}") from None

@@ -122,6 +122,23 @@ def test_a_packed_repeated_enum_field_is_accepted() -> None:
     assert decoded.supported_modes == [agent.SuspendMode(1), agent.SuspendMode(2)]
 
 
+def test_a_deprecated_field_decodes_without_a_warning() -> None:
+    # A v1alpha1 client still names its backend by the deprecated enum; the
+    # generated constructor would warn of it (an error under these tests' filters).
+    data = length_delimited(1, b"j") + key(3, 0) + varint(int(agent.Backend.CUDA))
+    decoded = decode_strict(agent.SnapshotRequest, data)
+    assert (decoded.job_id, decoded.backend) == ("j", agent.Backend.CUDA)
+
+
+def test_a_map_of_strings_keeps_the_last_entry_for_a_key() -> None:
+    def entry(k: bytes, v: bytes) -> bytes:
+        return length_delimited(2, length_delimited(1, k) + length_delimited(2, v))
+
+    data = length_delimited(1, b"noop") + entry(b"a", b"1") + entry(b"b", b"") + entry(b"a", b"2")
+    decoded = decode_strict(agent.NamedBackendConfig, data)
+    assert (decoded.name, decoded.options) == ("noop", {"a": "2", "b": ""})
+
+
 # --- malformed input -----------------------------------------------------------------
 
 JOB = length_delimited(1, b"job")
@@ -219,6 +236,16 @@ def test_a_truncated_packed_field_is_refused() -> None:
         decode_strict(agent.ProcessTarget, length_delimited(1, varint(1) + b"\x80"))
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [key(1, 0) + varint(5), length_delimited(1, b"a") + key(2, 0) + varint(5), b"\x0a\x05ab"],
+    ids=["number-key", "number-value", "truncated"],
+)
+def test_a_map_entry_that_is_not_two_strings_is_refused(entry: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_strict(agent.NamedBackendConfig, length_delimited(2, entry))
+
+
 def test_a_malformed_field_after_good_ones_is_refused() -> None:
     with pytest.raises(ValueError):
         decode_strict(orch.AcquireRequest, bytes(ACQUIRE) + key(1, 2) + varint(100))
@@ -239,7 +266,8 @@ def test_a_malformed_field_after_good_ones_is_refused() -> None:
         orch.ForceReleaseRequest(group_id="g", reason="r" * 1025),
         agent.GetOperationRequest(operation_id="o" * 400_000),
         agent.SnapshotRequest(
-            job_id="j", backend_config=agent.BackendConfig(named=agent.NamedBackendConfig("n" * 300))
+            job_id="j",
+            backend_config=agent.BackendConfig(named=agent.NamedBackendConfig("n" * 300)),
         ),
         agent.SnapshotRequest(
             job_id="j",
@@ -279,6 +307,8 @@ def test_two_members_of_one_oneof_are_refused() -> None:
         decode_strict(agent.BackendConfig, config)
     # inside a request too
     with pytest.raises(ValueError, match="both set"):
-        decode_strict(agent.SnapshotRequest, length_delimited(1, b"j") + length_delimited(4, config))
-    # the same member twice is one member (merged, as protobuf says)
+        decode_strict(
+            agent.SnapshotRequest, length_delimited(1, b"j") + length_delimited(4, config)
+        )
+    # the same member twice is one member (the last, as the parser reads it)
     assert decode_strict(agent.BackendConfig, cuda + cuda).cuda is not None

@@ -1,7 +1,7 @@
-"""Flat messages (strings, integers, booleans, enums and messages of those, a
-Timestamp among them: every Acquire, Yield and KeepAlive and their replies, every
-switch's answer) are read in one pass; what that pass gives, or refuses, is what the generic strict read
-(the wire walk, then betterproto2's parser) gives or refuses."""
+"""Flat messages (strings, bytes, integers, booleans, enums, maps of strings,
+oneofs and messages of those, a Timestamp among them: every message of the
+protocol) are read in one pass; what that pass gives, or refuses, is what the
+generic strict read (the wire walk, then betterproto2's parser) gives or refuses."""
 
 from __future__ import annotations
 
@@ -60,6 +60,16 @@ def test_the_hot_requests_are_flat() -> None:
     for cls in (pb.AcquireResponse, pb.YieldResponse, pb.KeepAliveResponse):
         assert cls in FLAT  # a lease's Timestamp too
     assert apb.SwitchGroupResponse in FLAT  # its steps and jobs are flat
+    # Bytes, repeated messages, a oneof of messages, a map of strings, packed pids.
+    for cls in (apb.SwitchGroupRequest, apb.SnapshotRequest, pb.AgentReport, pb.RegisterJobRequest):
+        assert cls in FLAT
+
+
+def test_every_message_of_the_protocol_is_flat() -> None:
+    for module in (pb, apb):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, betterproto2.Message) and cls.__module__ == module.__name__:
+                assert cls in FLAT, cls.__name__
 
 
 def field_bytes(number: int) -> st.SearchStrategy[bytes]:
@@ -107,15 +117,25 @@ def sample(cls: type[Any]) -> Any:
     """A message of `cls` with every field set away from its default."""
     values: dict[str, Any] = {}
     meta = cls._betterproto
+    oneofs: set[str] = set()
     for name, field in meta.meta_by_field_name.items():
         kind = field.proto_type
+        if field.group is not None:  # one member of each oneof
+            if field.group in oneofs:
+                continue
+            oneofs.add(field.group)
         if kind == "message" and field.unwrap is not None:  # a Timestamp
             values[name] = datetime(2026, 12, 2, 5, 6, 7, 891011, tzinfo=UTC)
         elif kind == "message":
             nested = meta.cls_by_field[name]
             values[name] = [sample(nested), sample(nested)] if field.repeated else sample(nested)
+        elif kind == "map":
+            values[name] = {"a": "b", "é": ""}
+        elif kind == "bytes":
+            values[name] = b"\x00\xff"
         elif kind == "enum":
-            values[name] = list(meta.cls_by_field[name])[-1]
+            members = list(meta.cls_by_field[name])
+            values[name] = members[-2:] if field.repeated else members[-1]
         elif kind == "string":
             values[name] = ["a", "é"] if field.repeated else "job-é"
         elif kind == "bool":
@@ -123,8 +143,11 @@ def sample(cls: type[Any]) -> Any:
         elif kind.startswith("u"):
             values[name] = 2**32 + 5 if kind == "uint64" else 7
         else:
-            values[name] = -5
-    return cls(**values)
+            values[name] = [-5, 3] if field.repeated else -5
+    message = cls()  # filled in: a deprecated field set would warn in the constructor
+    for name, value in values.items():
+        setattr(message, name, value)
+    return message
 
 
 @pytest.mark.parametrize("cls", FLAT, ids=lambda c: c.__name__)
@@ -139,4 +162,16 @@ def test_a_timestamp_out_of_range_is_refused_by_both(seconds: int) -> None:
     data = bytes(pb.Lease(lease_id="x")) + b"\x1a" + _varint(len(stamp)) + stamp
     assert (
         outcome(flat_read, pb.Lease, data) == outcome(generic, pb.Lease, data) == ("refused", None)
+    )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [b"\x08\x05", b"\x0a\x01a\x10\x05", b"\x0a\x01a\x12\x01b", b"", b"\x0a\x02\xff\xfe"],
+    ids=["number-key", "number-value", "strings", "empty", "not-utf8"],
+)
+def test_a_map_entry_is_read_or_refused_as_the_generic_read_does(entry: bytes) -> None:
+    data = b"\x12" + _varint(len(entry)) + entry
+    assert outcome(flat_read, apb.NamedBackendConfig, data) == outcome(
+        generic, apb.NamedBackendConfig, data
     )

@@ -26,15 +26,18 @@ def backend_of(
     config: pb.BackendConfig | None, legacy: pb.Backend
 ) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
     """(backend name, job config, operation params) of a request's backend config."""
-    kind, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
+    # `is not None`, not truth: a message's truth walks every field (an empty one is
+    # read as none all the same).
+    kind, value = betterproto2.which_one_of(config, "backend") if config is not None else ("", None)
     match value:
         case None:
             return ("cuda", None, {}) if legacy == pb.Backend.CUDA else (None, None, {})
         case pb.CudaBackendConfig():
-            pids = list(value.explicit_target.pids) if value.explicit_target else []
+            target = value.explicit_target
+            pids = list(target.pids) if target is not None else []
             if 1 in pids:  # never a job's, on any node: not even kept
                 raise PermissionDeniedError("pid 1 is the node's init process, no job's")
-            pod = value.explicit_target.pod_uid if value.explicit_target else ""
+            pod = target.pod_uid if target is not None else ""
             if pod:
                 if pids:
                     raise InvalidArgumentError("a cuda target names pids or a pod_uid, not both")
@@ -68,6 +71,6 @@ def _mode(mode: pb.SuspendMode) -> str:
 def names_pod(config: pb.BackendConfig | None) -> bool:
     """Whether `config` is a `cuda` target naming a pod (which only an operator, or
     the orchestrator's discovery, may name)."""
-    _, value = betterproto2.which_one_of(config, "backend") if config else ("", None)
+    _, value = betterproto2.which_one_of(config, "backend") if config is not None else ("", None)
     target = value.explicit_target if isinstance(value, pb.CudaBackendConfig) else None
     return bool(target is not None and target.pod_uid)

@@ -56,24 +56,33 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 
 # --- flat messages, read in one pass ----------------------------------------------------
 #
-# Most messages on the hot paths (every Acquire, Yield and KeepAlive and their
-# answers, every switch's answer) hold only strings, integers, booleans, enums, and
-# messages made of those (a Timestamp among them). Such a
-# message is read here in the same walk that checks it, and built with its
-# constructor: betterproto2's parser would walk the bytes a second time at several
-# times the cost. The values are those the parser gives: the last of a repeated
-# scalar (or of a message field sent twice) wins, integers are masked and signed as
-# their type says, an enum is its class's member, a Timestamp a datetime, a string
-# must be UTF-8. A message field is flat when its type is, and a type that holds
-# itself (at any depth) is not.
+# Every message of the protocol holds only strings, bytes, integers, booleans,
+# enums (repeated ones among them), maps of strings to strings, oneofs, and
+# messages made of those (a Timestamp among them). Such a message is read here in
+# the same walk that checks it, and built with its constructor: betterproto2's
+# parser would walk the bytes a second time at several times the cost (read that
+# way, a switch's request was a third of an agent's CPU in a noop switch). The
+# values are those the parser gives: the last of a singular field
+# sent twice wins (a message field too), a repeated number is read packed or not,
+# integers are masked and signed as their type says, an enum is its class's
+# member, a Timestamp a datetime, a string must be UTF-8, a map's later entry for
+# a key replaces an earlier one. A message field is flat when its type is, and a
+# type that holds itself (at any depth) is not; such a type, or a field of another
+# kind (a float, a map of other types), is read by the generic path instead.
 
-_FLAT_TYPES: Final = frozenset(("string", "int32", "int64", "uint32", "uint64", "bool", "enum"))
+_NUMBERS: Final = frozenset(("int32", "int64", "uint32", "uint64", "bool", "enum"))
+_FLAT_TYPES: Final = _NUMBERS | {"string", "bytes"}
 # Read from a length-delimited field: "wrapped" is a well-known message type (a
-# Timestamp) that the generated code shows as a Python value (a datetime).
-_LEN_KINDS: Final = frozenset(("string", "message", "wrapped"))
-# number -> (name, proto type, repeated, the field's enum class or message type)
-_FlatPlan = dict[int, tuple[str, str, bool, Any]]
+# Timestamp) that the generated code shows as a Python value (a datetime), "map"
+# a map of strings to strings.
+_LEN_KINDS: Final = frozenset(("string", "bytes", "message", "wrapped", "map"))
+# number -> (name, proto type, repeated, the field's enum class or message type,
+# its oneof or None)
+_FlatPlan = dict[int, tuple[str, str, bool, Any, str | None]]
 _flat_plans: dict[type[Any], _FlatPlan | None] = {}
+# Types whose constructor warns of a deprecated field that is set (which a v1alpha1
+# client still sends): built empty and filled in, as the parser builds them.
+_filled: set[type[Any]] = set()
 
 
 def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
@@ -89,13 +98,17 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
             if field.unwrap is not None:  # a well-known type, shown as a Python value
                 kind, nested = "wrapped", field.unwrap()
             flat = hasattr(nested, "_betterproto") and _flat_plan(nested) is not None
+        elif kind == "map":
+            flat = all(m.proto_type == "string" for m in field.map_meta or ())
         else:
-            flat = kind in _FLAT_TYPES and not (field.repeated and kind != "string")
-        if not flat or field.group is not None:
+            flat = kind in _FLAT_TYPES
+        if not flat:
             plan = None
             break
         assert plan is not None
-        plan[field.number] = (name, kind, field.repeated, nested)
+        plan[field.number] = (name, kind, field.repeated, nested, field.group)
+    if "__post_init__" in vars(message_type):
+        _filled.add(message_type)
     _flat_plans[message_type] = plan
     return plan
 
@@ -113,43 +126,98 @@ def _integer(kind: str, value: int) -> int | bool:
 
 def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _M:
     values: dict[str, Any] = {}
+    oneofs: dict[str, str] = {}  # oneof -> the member set
     pos = 0
     while pos < len(data):
         number, wire, pos = _field_key(data, pos)
         known = plan.get(number)
-        if wire == _VARINT:
-            value, pos = _varint(data, pos)
-            if known is not None:
-                name, kind, _, nested = known
-                if kind in _LEN_KINDS:
-                    raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
-                number_value = _integer(kind, value)
-                values[name] = nested(number_value) if kind == "enum" else number_value
+        if known is None:
+            pos = _span(data, pos, number, wire)[1]
             continue
-        pos, end = _span(data, pos, number, wire)
-        if known is not None:
-            name, kind, repeated, nested = known
-            if kind not in _LEN_KINDS or wire != _LEN:
-                expected = _LEN if kind in _LEN_KINDS else _WIRE_TYPE[kind]
-                raise ValueError(f"field {name} has wire type {wire}, expected {expected}")
-            if kind != "string":
-                item: Any = _decode_flat(nested, _flat_plans[nested] or {}, data[pos:end])
-                if kind == "wrapped":
-                    try:
-                        item = item.to_wrapped()
-                    except (OverflowError, ValueError) as exc:  # a date out of range
-                        raise ValueError(f"field {name} is out of range: {exc}") from None
-            else:
-                try:
-                    item = str(data[pos:end], "utf-8")
-                except UnicodeDecodeError as exc:
-                    raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+        name, kind, repeated, nested, group = known
+        if group is not None and oneofs.setdefault(group, name) != name:
+            raise ValueError(
+                f"{message_type.__name__}: {oneofs[group]} and {name} are both set,"
+                f" but only one member of {group} may be"
+            )
+        if wire == _VARINT:
+            if kind not in _NUMBERS:
+                raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
+            value, pos = _varint(data, pos)
+            number_value = _integer(kind, value)
+            item: Any = nested(number_value) if kind == "enum" else number_value
             if repeated:
                 values.setdefault(name, []).append(item)
             else:
                 values[name] = item
+            continue
+        pos, end = _span(data, pos, number, wire)
+        if wire != _LEN:
+            expected = _LEN if kind in _LEN_KINDS else _WIRE_TYPE[kind]
+            raise ValueError(f"field {name} has wire type {wire}, expected {expected}")
+        if kind in _NUMBERS:  # packed: only a repeated one may be
+            if not repeated:
+                raise ValueError(f"field {name} has wire type {wire}, expected {_VARINT}")
+            items = values.setdefault(name, [])
+            while pos < end:
+                value, pos = _varint(data, pos)
+                if pos > end:
+                    raise ValueError(f"field {name}'s packed values run past their end")
+                number_value = _integer(kind, value)
+                items.append(nested(number_value) if kind == "enum" else number_value)
+            continue
+        if kind == "map":
+            key, text = _map_entry(message_type, data[pos:end])
+            values.setdefault(name, {})[key] = text
+            pos = end
+            continue
+        if kind == "string":
+            item = _text(message_type, data[pos:end])
+        elif kind == "bytes":
+            item = bytes(data[pos:end])
+        else:
+            item = _decode_flat(nested, _flat_plans[nested] or {}, data[pos:end])
+            if kind == "wrapped":
+                try:
+                    item = item.to_wrapped()
+                except (OverflowError, ValueError) as exc:  # a date out of range
+                    raise ValueError(f"field {name} is out of range: {exc}") from None
+        if repeated:
+            values.setdefault(name, []).append(item)
+        else:
+            values[name] = item
         pos = end
+    if message_type in _filled:
+        message = message_type()
+        for name, value in values.items():
+            setattr(message, name, value)
+        return message
     return message_type(**values)
+
+
+def _text(message_type: type[Any], data: memoryview) -> str:
+    try:
+        return str(data, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+
+
+def _map_entry(message_type: type[Any], data: memoryview) -> tuple[str, str]:
+    """The key and value of one entry of a map of strings to strings."""
+    key = value = ""
+    pos = 0
+    while pos < len(data):
+        number, wire, pos = _field_key(data, pos)
+        pos, end = _span(data, pos, number, wire)
+        if number in (1, 2):
+            if wire != _LEN:
+                raise ValueError(f"a map entry's field {number} has wire type {wire}")
+            if number == 1:
+                key = _text(message_type, data[pos:end])
+            else:
+                value = _text(message_type, data[pos:end])
+        pos = end
+    return key, value
 
 
 def _check_bounds(message: Any, path: str) -> None:
@@ -253,6 +321,8 @@ def _check(message_type: type[Any], data: memoryview, depth: int) -> None:
             if expected is not None and wire != expected and not packed:
                 raise ValueError(f"field {name} has wire type {wire}, expected {expected}")
             nested = meta.cls_by_field.get(name)
-            if wire == _LEN and field.proto_type == "message" and hasattr(nested, "_betterproto"):
+            # A map's entries are messages too (a key, a value).
+            is_message = field.proto_type in ("message", "map")
+            if wire == _LEN and is_message and hasattr(nested, "_betterproto"):
                 _check(nested, data[pos:end], depth + 1)
         pos = end

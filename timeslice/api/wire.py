@@ -124,6 +124,12 @@ def _integer(kind: str, value: int) -> int | bool:
     return (value ^ sign) - sign
 
 
+def _number(kind: str, enum: Any, value: int) -> Any:
+    """A varint's value as a field of `kind` holds it (an `enum` member for an enum)."""
+    number = _integer(kind, value)
+    return enum(number) if kind == "enum" else number
+
+
 def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _M:
     values: dict[str, Any] = {}
     oneofs: dict[str, str] = {}  # oneof -> the member set
@@ -144,8 +150,7 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
             if kind not in _NUMBERS:
                 raise ValueError(f"field {name} has wire type {wire}, expected {_LEN}")
             value, pos = _varint(data, pos)
-            number_value = _integer(kind, value)
-            item: Any = nested(number_value) if kind == "enum" else number_value
+            item: Any = _number(kind, nested, value)
             if repeated:
                 values.setdefault(name, []).append(item)
             else:
@@ -163,8 +168,7 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
                 value, pos = _varint(data, pos)
                 if pos > end:
                     raise ValueError(f"field {name}'s packed values run past their end")
-                number_value = _integer(kind, value)
-                items.append(nested(number_value) if kind == "enum" else number_value)
+                items.append(_number(kind, nested, value))
             continue
         if kind == "map":
             key, text = _map_entry(message_type, data[pos:end])

@@ -42,6 +42,11 @@ class Proxy:
         self._open.clear()
         self.cuts += 1
 
+    def resume(self) -> None:
+        """End a cut as a stall ends: what was held back passes now, late, and the
+        connections stay open."""
+        self._open.set()
+
     def heal(self) -> None:
         """Close what the cut stranded, and let new connections through."""
         for writer in list(self._writers):
@@ -86,7 +91,8 @@ class Proxy:
         try:
             while data := await reader.read(CHUNK):
                 # Bytes read during a cut are dropped, as a partition drops them: the
-                # connection is closed by `heal` before anything else passes.
+                # connection is closed by `heal` before anything else passes (after
+                # `resume` they pass, late).
                 await self._open.wait()
                 if writer.transport.is_closing():
                     return

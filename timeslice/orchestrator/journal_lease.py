@@ -130,8 +130,10 @@ class LeaderLease:
     """One candidate's hold on the lease of a PostgreSQL journal.
 
     `take_over` tries once; once active, `start_renewing` renews every third of the
-    lease, and `lost` is told (once) when a renewal fails, times out or finds the
-    row changed: the candidate has stepped down for good."""
+    lease (a renewal that fails or times out is tried again while the lease holds
+    by this process's clock), and `lost` is told (once) when it stops holding
+    before a renewal came back, or a renewal finds the row changed: the candidate
+    has stepped down for good."""
 
     def __init__(
         self,
@@ -255,24 +257,35 @@ class LeaderLease:
 
     async def _renew_loop(self) -> None:
         every = ld.renew_every(self.lease)
+        pause, why = every, ""
+        loop = asyncio.get_running_loop()
         while self.standing.role is Role.ACTIVE:
-            await asyncio.sleep(every)
-            row: LeaseRow | None = None
-            why = ""
-            sent = asyncio.get_running_loop().time()
+            await asyncio.sleep(pause)
+            sent = loop.time()
+            wait = ld.renewal_wait(sent, self._held_until, self.lease)
+            if wait is None:
+                self.step_down(f"its leader lease could not be renewed before it ran out: {why}")
+                return
             try:
                 row = await within(
-                    self._statement(_RENEW, epoch=self.epoch, me=self.me, lease=self.lease), every
+                    self._statement(_RENEW, epoch=self.epoch, me=self.me, lease=self.lease), wait
                 )
-            except Exception as exc:  # a dead, slow or unreachable database
+            except Exception as exc:  # a dead, slow or unreachable database: try again
                 why = " ".join(str(exc).split()) or type(exc).__name__
+                log.warning(
+                    "journal %s: renewing the leader lease failed (%s); trying again while"
+                    " it holds (%.2f s)", self._label, why, self._held_until - loop.time(),
+                )  # fmt: skip
+                pause = self.lease * ld.RETRY_SHARE
+                continue
+            pause, why = every, ""
             after = ld.after_renewal(self.standing, row, self.me)
             if row is not None:
                 self._saw(row)
             if after.role is Role.ACTIVE:
                 self._held_until = ld.held_until(sent, self.lease)
             elif self.standing.role is Role.ACTIVE:  # deposed by this renewal: say so
-                self.step_down(f"{after.why}: {why}" if why else after.why)
+                self.step_down(after.why)
 
     def step_down(self, why: str) -> None:
         """Stop being active (a renewal or an append failed): for good."""

@@ -90,6 +90,28 @@ def renew_every(lease: float) -> float:
     return lease / 3
 
 
+#: The pause, as a share of the lease, before an active tries again a renewal
+#: that got no answer or an error (see `renewal_wait`).
+RETRY_SHARE = 1 / 30
+#: Less time left than this (seconds) on an active's own clock: no renewal can
+#: come back in time; it steps down.
+MIN_RENEWAL_WAIT = 0.01
+
+
+def renewal_wait(now: float, held_until: float, lease: float) -> float | None:
+    """How long an active's renewal sent at `now` may wait for its answer: a third
+    of the lease, and no longer than the lease surely holds by its own clock
+    (`held_until`). None: too little is left; it steps down. A renewal that gets
+    no answer in time, or an error, is not a loss by itself: the active tries again
+    `RETRY_SHARE` of a lease later for as long as its lease holds, since a database
+    slow for a moment (a busy host, a failover's folding) must not depose it while
+    nobody else may take the lease over."""
+    left = held_until - now
+    if left < MIN_RENEWAL_WAIT:
+        return None
+    return min(renew_every(lease), left)
+
+
 #: The share of a lease an active counts on by its own clock after it sent the
 #: statement that renewed it (see `held_until`).
 LOCAL_SHARE = 0.9

@@ -262,7 +262,7 @@ class LeaderLease:
         while self.standing.role is Role.ACTIVE:
             await asyncio.sleep(pause)
             sent = loop.time()
-            wait = ld.renewal_wait(sent, self._held_until, self.lease)
+            wait = ld.renewal_wait(sent, self._held_until, self.lease, retry=bool(why))
             if wait is None:
                 self.step_down(f"its leader lease could not be renewed before it ran out: {why}")
                 return

@@ -98,18 +98,23 @@ RETRY_SHARE = 1 / 30
 MIN_RENEWAL_WAIT = 0.01
 
 
-def renewal_wait(now: float, held_until: float, lease: float) -> float | None:
+def renewal_wait(now: float, held_until: float, lease: float, retry: bool) -> float | None:
     """How long an active's renewal sent at `now` may wait for its answer: a third
-    of the lease, and no longer than the lease surely holds by its own clock
-    (`held_until`). None: too little is left; it steps down. A renewal that gets
-    no answer in time, or an error, is not a loss by itself: the active tries again
-    `RETRY_SHARE` of a lease later for as long as its lease holds, since a database
-    slow for a moment (a busy host, a failover's folding) must not depose it while
-    nobody else may take the lease over."""
+    of the lease. A renewal that got no answer in time, or an error, is not a loss
+    by itself: the active tries again (`retry`) `RETRY_SHARE` of a lease later, for
+    as long as its lease surely holds by its own clock (`held_until`), each try
+    waiting no longer than that; a database slow for a moment (a busy host, a
+    failover's folding) must not depose it while nobody else may take the lease
+    over. None: a retry has too little time left; it steps down. The first try
+    after a renewal always goes out (the loop may have woken late): only the
+    database's answer says whether the lease is still its own."""
+    every = renew_every(lease)
+    if not retry:
+        return every
     left = held_until - now
     if left < MIN_RENEWAL_WAIT:
         return None
-    return min(renew_every(lease), left)
+    return min(every, left)
 
 
 #: The share of a lease an active counts on by its own clock after it sent the

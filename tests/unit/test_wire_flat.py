@@ -6,6 +6,7 @@ generic strict read (the wire walk, then betterproto2's parser) gives or refuses
 from __future__ import annotations
 
 import inspect
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,12 +33,15 @@ FLAT = flat_types()
 
 
 def generic(message_type: type[Any], data: bytes) -> Any:
-    """The strict read every message had before: the wire walk, then the parser."""
+    """The strict read every message had before: the wire walk, the parser, then
+    the walk of the message against the bounds."""
     wire._check(message_type, memoryview(data), 0)
     try:
-        return message_type.FromString(data)
+        message = message_type.FromString(data)
     except Exception as exc:
         raise ValueError(str(exc)) from exc
+    wire._check_bounds(message, message_type.__name__)
+    return message
 
 
 def outcome(read: Any, message_type: type[Any], data: bytes) -> tuple[str, Any]:
@@ -51,7 +55,12 @@ def outcome(read: Any, message_type: type[Any], data: bytes) -> tuple[str, Any]:
 def flat_read(message_type: type[Any], data: bytes) -> Any:
     plan = wire._flat_plan(message_type)
     assert plan is not None
-    return wire._decode_flat(message_type, plan, memoryview(data))
+    message, problem = wire._decode_flat(
+        message_type, plan, memoryview(data), message_type.__name__
+    )
+    if problem is not None:
+        raise ValueError(problem)
+    return message
 
 
 def test_the_hot_requests_are_flat() -> None:
@@ -175,3 +184,66 @@ def test_a_map_entry_is_read_or_refused_as_the_generic_read_does(entry: bytes) -
     assert outcome(flat_read, apb.NamedBackendConfig, data) == outcome(
         generic, apb.NamedBackendConfig, data
     )
+
+
+def _named(name: str, options: dict[str, str] | None = None) -> bytes:
+    config = apb.BackendConfig(named=apb.NamedBackendConfig(name=name, options=options or {}))
+    return bytes(apb.SwitchJob(job_id="j", backend_config=config))
+
+
+@pytest.mark.parametrize(
+    ("cls", "data", "problem"),
+    [
+        (pb.AcquireRequest, bytes(pb.AcquireRequest(job_id="x" * 257)), "job_id is longer"),
+        (pb.AcquireRequest, bytes(pb.AcquireRequest(group_id="g\u202e")), "control or format"),
+        (
+            pb.AcquireRequest,
+            bytes(pb.AcquireRequest(more_group_ids=["g"] * 257)),
+            "more_group_ids has more than 256 items",
+        ),
+        (apb.SwitchJob, _named("n" * 300), "SwitchJob.backend_config.named.name is longer"),
+        (apb.SwitchJob, _named("n", {"k\x00": "v"}), "options has an entry that contains"),
+        (apb.SwitchJob, _named("n", {"k": "v" * 1025}), "options has an entry that is longer"),
+        # a nested message sent twice: the last one is kept, and the one checked
+        (apb.SwitchJob, _named("ok") + _named("n" * 300)[3:], "named.name is longer"),
+        (apb.SwitchJob, _named("n" * 300) + _named("ok")[3:], None),
+        # a singular string sent twice: the same
+        (
+            pb.AcquireRequest,
+            bytes(pb.AcquireRequest(job_id="x" * 257, group_id="")) + b"\n\x01a",
+            None,
+        ),
+        (
+            apb.SwitchGroupRequest,
+            bytes(apb.SwitchGroupRequest(jobs=[apb.SwitchJob(job_id="j\x07")])),
+            "SwitchGroupRequest.jobs.job_id contains",
+        ),
+    ],
+)
+def test_bounds_are_checked_in_the_one_pass_as_the_parsed_message_is(
+    cls: type[Any], data: bytes, problem: str | None
+) -> None:
+    assert outcome(flat_read, cls, data) == outcome(generic, cls, data)
+    if problem is None:
+        wire.decode_strict(cls, data)
+        return
+    for read in (flat_read, generic, wire.decode_strict):
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            read(cls, data)
+
+
+def test_an_agents_answers_hold_as_many_jobs_as_it_may() -> None:
+    """An agent keeps up to 4096 jobs (`AgentConfig.max_jobs`): its Status and
+    SwitchGroup answers list each of them, and no more."""
+    from timeslice.agent.config import AgentConfig
+
+    most = AgentConfig().max_jobs
+    statuses = [apb.JobStatus(job_id=f"j{i}") for i in range(most)]
+    read = wire.decode_strict(apb.StatusResponse, bytes(apb.StatusResponse(job_statuses=statuses)))
+    assert len(read.job_statuses) == most
+    steps = [apb.SwitchStep(job_id=f"j{i}") for i in range(most)]
+    answer = bytes(apb.SwitchGroupResponse(steps=steps))
+    assert len(wire.decode_strict(apb.SwitchGroupResponse, answer).steps) == most
+    over = apb.StatusResponse(job_statuses=[*statuses, apb.JobStatus(job_id="one-more")])
+    with pytest.raises(ValueError, match="job_statuses has more than 4096 items"):
+        wire.decode_strict(apb.StatusResponse, bytes(over))

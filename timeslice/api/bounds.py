@@ -26,6 +26,10 @@ MAX_ITEMS_BY_FIELD: Final[dict[str, int]] = {
     "pids": 4096,
     "regions": 4096,
     "jobs": 4096,  # an agent's jobs in its report, a switch's jobs on a node
+    # An agent's answers about its jobs, as many as it may hold (AgentConfig.max_jobs).
+    "job_statuses": 4096,
+    "steps": 4096,
+    "faulted": 4096,
 }
 # Fencing tokens are uint64 on the wire; none beyond int64 is ever issued.
 MAX_FENCING_TOKEN: Final = 2**63 - 1

@@ -12,6 +12,7 @@ repeats what the caller sent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import betterproto2
@@ -43,13 +44,15 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
     """Parse `data` as `message_type`, raising ValueError if it is malformed."""
     plan = _flat_plan(message_type)
     if plan is not None:
-        message = _decode_flat(message_type, plan, memoryview(data))
-    else:
-        _check(message_type, memoryview(data), 0)
-        try:
-            message = message_type.FromString(data)
-        except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
-            raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
+        message, problem = _decode_flat(message_type, plan, memoryview(data), message_type.__name__)
+        if problem is not None:
+            raise ValueError(problem)
+        return message
+    _check(message_type, memoryview(data), 0)
+    try:
+        message = message_type.FromString(data)
+    except Exception as exc:  # the parser's own refusals (bad UTF-8, say)
+        raise ValueError(cap(f"malformed {message_type.__name__}: {exc}", 200)) from exc
     _check_bounds(message, type(message).__name__)
     return message
 
@@ -69,6 +72,9 @@ def decode_strict(message_type: type[_M], data: bytes) -> _M:
 # a key replaces an earlier one. A message field is flat when its type is, and a
 # type that holds itself (at any depth) is not; such a type, or a field of another
 # kind (a float, a map of other types), is read by the generic path instead.
+# The same pass checks the bounds (`timeslice.api.bounds`) of the values it keeps,
+# as `_check_bounds` checks a parsed message: a value a later one replaced is not
+# checked, as it is not kept.
 
 _NUMBERS: Final = frozenset(("int32", "int64", "uint32", "uint64", "bool", "enum"))
 _FLAT_TYPES: Final = _NUMBERS | {"string", "bytes"}
@@ -80,6 +86,10 @@ _LEN_KINDS: Final = frozenset(("string", "bytes", "message", "wrapped", "map"))
 # its oneof or None)
 _FlatPlan = dict[int, tuple[str, str, bool, Any, str | None]]
 _flat_plans: dict[type[Any], _FlatPlan | None] = {}
+# The fields of a flat type that have bounds: name -> (the most items of a list or
+# map, 0 for neither; the check of a string's value, None for a map; repeated).
+_Bound = tuple[int, Callable[[str], str | None] | None, bool]
+_flat_bounds: dict[type[Any], dict[str, _Bound]] = {}
 # Types whose constructor warns of a deprecated field that is set (which a v1alpha1
 # client still sends): built empty and filled in, as the parser builds them.
 _filled: set[type[Any]] = set()
@@ -92,6 +102,7 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
     _flat_plans[message_type] = None  # until known: a type that holds itself is not flat
     meta = message_type._betterproto
     plan: _FlatPlan | None = {}
+    bounds: dict[str, _Bound] = {}
     for name, field in meta.meta_by_field_name.items():
         kind, nested = field.proto_type, meta.cls_by_field.get(name)
         if kind == "message":
@@ -107,8 +118,13 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
             break
         assert plan is not None
         plan[field.number] = (name, kind, field.repeated, nested, field.group)
+        limit = MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS) if field.repeated or kind == "map" else 0
+        check = (text_problem if name in TEXT_FIELDS else id_problem) if kind == "string" else None
+        if limit or check is not None:
+            bounds[name] = (limit, check, field.repeated)
     if "__post_init__" in vars(message_type):
         _filled.add(message_type)
+    _flat_bounds[message_type] = bounds
     _flat_plans[message_type] = plan
     return plan
 
@@ -130,9 +146,15 @@ def _number(kind: str, enum: Any, value: int) -> Any:
     return enum(number) if kind == "enum" else number
 
 
-def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _M:
+def _decode_flat(
+    message_type: type[_M], plan: _FlatPlan, data: memoryview, path: str
+) -> tuple[_M, str | None]:
+    """The message in `data` (ValueError if it is malformed) and the first bound it
+    breaks (None: none), for `path` (where it is in the message read) to name."""
     values: dict[str, Any] = {}
     oneofs: dict[str, str] = {}  # oneof -> the member set
+    # A singular message field -> the bound its (last) value breaks.
+    inner: dict[str, str | None] = {}
     pos = 0
     while pos < len(data):
         number, wire, pos = _field_key(data, pos)
@@ -180,23 +202,53 @@ def _decode_flat(message_type: type[_M], plan: _FlatPlan, data: memoryview) -> _
         elif kind == "bytes":
             item = bytes(data[pos:end])
         else:
-            item = _decode_flat(nested, _flat_plans[nested] or {}, data[pos:end])
+            item, problem = _decode_flat(
+                nested, _flat_plans[nested] or {}, data[pos:end], f"{path}.{name}"
+            )
             if kind == "wrapped":
                 try:
                     item = item.to_wrapped()
                 except (OverflowError, ValueError) as exc:  # a date out of range
                     raise ValueError(f"field {name} is out of range: {exc}") from None
+            if not repeated:
+                inner[name] = problem
+            elif problem is not None:  # every item is kept
+                raise ValueError(problem)
         if repeated:
             values.setdefault(name, []).append(item)
         else:
             values[name] = item
         pos = end
+    problem = _bound_broken(_flat_bounds[message_type], values, path) or next(
+        (p for p in inner.values() if p is not None), None
+    )
     if message_type in _filled:
         message = message_type()
         for name, value in values.items():
             setattr(message, name, value)
-        return message
-    return message_type(**values)
+        return message, problem
+    return message_type(**values), problem
+
+
+def _bound_broken(bounds: dict[str, _Bound], values: dict[str, Any], path: str) -> str | None:
+    """The first bound that the fields read (`values`) break, as `_check_bounds`
+    words it; None if they keep them all."""
+    for name, value in values.items():
+        bound = bounds.get(name)
+        if bound is None:
+            continue
+        limit, check, repeated = bound
+        if limit and len(value) > limit:
+            return f"{path}.{name} has more than {limit} items"
+        if check is not None:
+            for item in value if repeated else (value,):
+                if (problem := check(item)) is not None:
+                    return f"{path}.{name} {problem}"
+        elif not repeated:  # a map of names to text
+            for key, text in value.items():
+                if (problem := id_problem(key) or text_problem(text)) is not None:
+                    return f"{path}.{name} has an entry that {problem}"
+    return None
 
 
 def _text(message_type: type[Any], data: memoryview) -> str:

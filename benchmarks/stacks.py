@@ -17,8 +17,11 @@ time, in rounds that alternate them so that all share the machine's load:
 
 Each server answers `--calls` calls back to back, then `--paced` calls each after
 the 120 ms pause of a handoff's waiter. Figures: the server's CPU per call (user +
-system time of every thread, from /proc/PID/stat) and the round trip's median, the
-medians of the rounds. Every row is beside grpclib's, measured in the same rounds.
+system time of every thread, from /proc/PID/stat), the client's (this process's)
+and the round trip's median, the medians of the rounds. Every row is beside
+grpclib's, measured in the same rounds. In each round the h2core server is also
+called by our own client (`timeslice.api.h2client`, `h2core+h2client`), beside
+grpclib's client calling the same server.
 
 What it answers: whether another Python gRPC server would make our calls cheap
 enough to beat etcd's CPU per lock cycle (`anchors.py`), which takes two calls.
@@ -33,6 +36,7 @@ import importlib.util
 import statistics
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -60,10 +64,12 @@ from benchmarks.common import (  # noqa: E402
     receive,
     run_main,
 )
+from timeslice.api.h2client import H2Channel  # noqa: E402
 from timeslice.api.serving import Encoded, listening_socket  # noqa: E402
 
 PAUSE = 0.12  # seconds before each paced call, as a handoff's waiter queues
 STACKS = ("grpclib", "grpclib-uvloop", "grpcio-aio", "grpcio-threads", "h2core")
+OUR_CLIENT = "h2core+h2client"  # the h2core server, called by timeslice.api.h2client
 _SERVICE, _METHOD = ECHO_ROUTE.strip("/").split("/")
 
 
@@ -196,58 +202,85 @@ def _serve_threads(conn: Connection) -> None:
     server.stop(None)
 
 
-async def measure(address: str, pid: int, calls: int, pause: float) -> dict[str, float]:
-    """`calls` echoes (each after `pause`): the round trip's median and the server's
-    CPU per call, in milliseconds."""
+async def measure(
+    address: str, pid: int, calls: int, pause: float, client: str = "grpclib"
+) -> dict[str, float]:
+    """`calls` echoes (each after `pause`) from `client` (grpclib's, or "h2client"):
+    the round trip's median, the server's and the client's CPU per call, in
+    milliseconds."""
     host, port = address.rsplit(":", 1)
     request = bytes(echo_request())
     channel = Channel(host, int(port), codec=RawCodec())
+    ours = H2Channel(host, int(port))
 
-    async def call() -> None:
+    async def call_grpclib() -> bytes | None:
         async with channel.request(
             ECHO_ROUTE, grpclib.const.Cardinality.UNARY_UNARY, bytes, bytes, timeout=CALL_TIMEOUT
         ) as stream:
             await stream.send_message(request, end=True)
-            if await stream.recv_message() != request:
-                raise RuntimeError(f"the echo at {address} sent back other bytes")
+            return await stream.recv_message()
+
+    async def call_ours() -> bytes | None:
+        return await ours.unary(ECHO_ROUTE, request, CALL_TIMEOUT)
+
+    send = call_ours if client == "h2client" else call_grpclib
+
+    async def call() -> None:
+        if await send() != request:
+            raise RuntimeError(f"the echo at {address} sent back other bytes")
 
     try:
         for _ in range(20):  # connected, and every path warm
             await call()
         times = []
-        cpu = process_cpu(pid)
+        cpu, mine = process_cpu(pid), time.process_time()
         for _ in range(calls):
             if pause:
                 await asyncio.sleep(pause)
             t0 = now()
             await call()
             times.append(now() - t0)
-        cpu = process_cpu(pid) - cpu
+        cpu, mine = process_cpu(pid) - cpu, time.process_time() - mine
     finally:
         channel.close()
-    return {"p50_ms": statistics.median(times) * 1e3, "cpu_ms": cpu / calls * 1e3}
+        ours.close()
+    return {
+        "p50_ms": statistics.median(times) * 1e3,
+        "cpu_ms": cpu / calls * 1e3,
+        "client_cpu_ms": mine / calls * 1e3,
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     skipped = {stack: why for stack in STACKS if (why := available(stack))}
     stacks = [stack for stack in STACKS if stack not in skipped]
     rounds: dict[str, list[dict[str, Any]]] = {stack: [] for stack in stacks}
+    if "h2core" in stacks:
+        rounds[OUR_CLIENT] = []
     for _ in range(args.rounds):
         for stack in stacks:
             async with Child(serve, stack, name=f"bench-{stack}") as server:
                 pid = server.process.pid
                 assert pid is not None
-                rounds[stack].append(
-                    {
-                        "back_to_back": await measure(server.address, pid, args.calls, 0),
-                        "paced": await measure(server.address, pid, args.paced, PAUSE),
-                    }
+                clients = (
+                    {stack: "grpclib", OUR_CLIENT: "h2client"}
+                    if stack == "h2core"
+                    else {stack: "grpclib"}
                 )
+                for key, client in clients.items():
+                    rounds[key].append(
+                        {
+                            "back_to_back": await measure(
+                                server.address, pid, args.calls, 0, client
+                            ),
+                            "paced": await measure(server.address, pid, args.paced, PAUSE, client),
+                        }
+                    )
     results = {
         stack: {
             f"{how}_{figure}": statistics.median(r[how][figure] for r in runs)
             for how in ("back_to_back", "paced")
-            for figure in ("p50_ms", "cpu_ms")
+            for figure in ("p50_ms", "cpu_ms", "client_cpu_ms")
         }
         for stack, runs in rounds.items()
     }
@@ -287,6 +320,19 @@ def summary(r: dict[str, Any]) -> list[Row]:
                 ours["back_to_back_p50_ms"], "ms",
                 "baseline: grpclib's; the same grpclib client for all"),
         ]  # fmt: skip
+    theirs, client = stacks.get("h2core"), stacks.get(OUR_CLIENT)
+    if theirs is not None and client is not None:
+        rows += [
+            Row("client CPU per unary call, timeslice.api.h2client",
+                client["back_to_back_client_cpu_ms"], theirs["back_to_back_client_cpu_ms"], "ms",
+                "baseline: grpclib's client; both calling the h2core server, back to back"),
+            Row("server CPU per unary call, h2core called by h2client",
+                client["back_to_back_cpu_ms"], theirs["back_to_back_cpu_ms"], "ms",
+                "baseline: the same server called by grpclib's client"),
+            Row("unary round trip p50, h2client to h2core", client["back_to_back_p50_ms"],
+                theirs["back_to_back_p50_ms"], "ms",
+                "baseline: grpclib's client to the same server"),
+        ]  # fmt: skip
     return rows
 
 
@@ -294,11 +340,15 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"timeslice stacks benchmark: {describe(r['machine'])}")
     for stack, why in r["skipped"].items():
         print(f"{stack} skipped: {why}")
-    print(f"\n{'server':16} {'CPU/call':>9} {'p50':>9} {'CPU/call paced':>15} {'p50 paced':>10}")
+    print(
+        f"\n{'server':16} {'CPU/call':>9} {'p50':>9} {'CPU/call paced':>15} {'p50 paced':>10}"
+        f" {'client CPU/call':>16}"
+    )
     for stack, f in r["stacks"].items():
         print(
             f"{stack:16} {f['back_to_back_cpu_ms']:7.3f}ms {f['back_to_back_p50_ms']:7.3f}ms"
             f" {f['paced_cpu_ms']:13.3f}ms {f['paced_p50_ms']:8.3f}ms"
+            f" {f['back_to_back_client_cpu_ms']:14.3f}ms"
         )
     print()
     print(format_table(summary(r)))

@@ -48,7 +48,7 @@ from timeslice.backends import BackendContext
 from timeslice.backends.cuda import CudaBackend
 from timeslice.client import AsyncSnapshotAgentClient, app_channel_config, named_backend
 from timeslice.client.workload import WORKLOAD_CHANNEL
-from timeslice.errors import LeaseLostError
+from timeslice.errors import ConflictError, InvalidArgumentError, LeaseLostError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.server import Notice, Orchestrator
 from timeslice.workloads import ArraySavedError, HostMemoryWorkload
@@ -200,6 +200,36 @@ async def test_a_switch_moves_the_groups_live_jobs_out_and_the_next_one_in(
         ("", "stray"): "RUNNING",
     }
     assert agent.table.tokens == {"g": 6}
+
+
+@pytest.mark.parametrize("http2", ["h2core", "grpclib"])
+async def test_the_clients_unary_calls_take_the_http2_client_it_names(
+    agent: Agent, http2: str
+) -> None:
+    """h2core's client by default, on a connection of its own: grpclib's channel is
+    never dialled for unary calls; grpclib's when asked. Both answer the same."""
+    async with AsyncSnapshotAgentClient(agent.address, http2=http2) as client:
+        await running_noop(client, "a", "hg")
+        answer = await client.switch_group(
+            "hg", "a", 1, jobs=[pb.SwitchJob(job_id="a", backend_config=NOOP)], timeout_sec=10
+        )
+        assert answer.restored is False and answer.table_version > 0
+        assert {j.job_id for j in (await client.status()).job_statuses} == {"a"}
+        with pytest.raises(ConflictError, match="not FAULTED"):  # a status, mapped alike
+            await client.reset_job("a", "hg")
+        stubs = client._stubs
+        assert stubs is not None
+        dialled = getattr(stubs.channel, "_protocol", None) is not None
+        if http2 == "h2core":
+            assert stubs.unary is not None and stubs.unary._link is not None
+            assert not dialled
+        else:
+            assert stubs.unary is None and dialled
+
+
+def test_an_unknown_http2_client_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="http2 must be one of"):
+        AsyncSnapshotAgentClient("127.0.0.1:1", http2="h3")
 
 
 async def test_restored_says_whether_this_switch_brought_the_context_back(

@@ -263,7 +263,7 @@ def test_a_client_reset_cancels_the_stream() -> None:
     sid = pair.request(b"x", end=False)
     pair.client.reset_stream(sid, error_code=8)
     pair.pump()
-    assert pair.of(StreamReset) == [StreamReset(sid, 8, by_client=True)]
+    assert pair.of(StreamReset) == [StreamReset(sid, 8, by_peer=True)]
     with pytest.raises(KeyError):
         pair.server.respond(sid, RESPONSE)
 

@@ -1,12 +1,17 @@
-"""The server side of an HTTP/2 connection (RFC 9113) as gRPC uses it, with no I/O.
+"""Both ends of an HTTP/2 connection (RFC 9113) as gRPC uses it, with no I/O.
 
-`ServerConnection.receive(bytes) -> list[event]` parses what the client sent and
-answers what HTTP/2 answers by itself (SETTINGS and PING acknowledgements, window
-updates, resets and GOAWAY for what breaks the protocol); `respond`, `send_data` and
-`end` queue a response; `data_to_send()` takes the bytes to write, so that whatever
-one turn of the caller's loop produced leaves in one write.
+`receive(bytes) -> list[event]` parses what the peer sent and answers what HTTP/2
+answers by itself (SETTINGS and PING acknowledgements, window updates, resets and
+GOAWAY for what breaks the protocol); `data_to_send()` takes the bytes to write, so
+that whatever one turn of the caller's loop produced leaves in one write.
+`ServerConnection` takes requests (`respond`, `send_data` and `end` queue a
+response); `ClientConnection` sends them (`request` queues a whole unary request:
+headers, message and the end of the stream) and reads the responses. Both share
+one frame parser and the same checks: what a peer may do to one, it may do to the
+other.
 
-What it keeps small, for a hostile client as much as a careless one:
+What it keeps small, for a hostile peer as much as a careless one (a server's
+client, or the server a client calls):
 - every frame is checked against the protocol before it changes anything, and a
   violation ends the stream (RST_STREAM) or the connection (GOAWAY), never the server;
 - frames are at most `max_frame_size`, a header block at most `max_header_block`
@@ -15,16 +20,17 @@ What it keeps small, for a hostile client as much as a careless one:
   refused with REFUSED_STREAM, the client may retry them);
 - a stream's received bytes count against its window until the reader says it took
   them (`consumed`): a stream nobody reads stops at `stream_window` bytes;
-- frames that only cost the server work (PING, SETTINGS, resets of streams it was
-  still serving, empty DATA frames) are counted, and a client that sends more of them
-  than `calm_budget` within `calm_seconds` is told ENHANCE_YOUR_CALM and dropped;
-- what waits to be written is bounded too: a client that sends but does not read
+- frames that only cost the receiver work (PING, SETTINGS, empty DATA frames, and
+  on a server resets of streams it was still serving) are counted, and a peer that
+  sends more of them than `calm_budget` within `calm_seconds` is told
+  ENHANCE_YOUR_CALM and dropped;
+- what waits to be written is bounded too: a peer that sends but does not read
   is dropped once `max_unsent` bytes wait for it.
 
-Responses are encoded without HPACK's dynamic table (literal fields "without
-indexing"), so every constant header block is the same bytes on every connection
-and costs nothing to build. Request headers are decoded with `hpack`, the decoder
-h2 uses.
+What either end sends is encoded without HPACK's dynamic table (literal fields
+"without indexing"), so every constant header block is the same bytes on every
+connection and costs nothing to build. What it receives is decoded with `hpack`,
+the decoder h2 uses.
 """
 
 from __future__ import annotations
@@ -95,11 +101,13 @@ _CONNECTION_HEADERS = frozenset(
     ("connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade")
 )
 _REQUEST_PSEUDO = frozenset((":method", ":scheme", ":path", ":authority"))
+_RESPONSE_PSEUDO = frozenset((":status",))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """What one connection may hold or cost; see the module's docstring."""
+    """What one connection may hold or cost; see the module's docstring. On a client,
+    `max_streams` bounds its own requests at once (and the server's setting too)."""
 
     max_streams: int = 100
     stream_window: int = 256 * 1024
@@ -124,7 +132,7 @@ class Limits:
             raise ValueError("max_header_block must hold at least half a frame")
 
 
-# --- events: what the client did, for the caller to act on -------------------------------
+# --- events: what the peer did, for the caller to act on ---------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +142,24 @@ class RequestReceived:
     stream_id: int
     headers: list[tuple[str, str]]
     ended: bool  # the request has no body (END_STREAM on its headers)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    """A client's stream got its response headers (pseudo-headers first); `ended`:
+    a trailers-only response, the stream is over."""
+
+    stream_id: int
+    headers: list[tuple[str, str]]
+    ended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TrailersReceived:
+    """A client's stream got the trailers that end its response."""
+
+    stream_id: int
+    headers: list[tuple[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +180,14 @@ class StreamEnded:
 
 @dataclass(frozen=True, slots=True)
 class StreamReset:
-    """The stream is over, before its response ended: reset by the client, or by
-    this connection for a protocol error of the stream's (`code`)."""
+    """The stream is over, before its response ended: reset by the peer, or by
+    this connection for a protocol error of the stream's (`code`). On a client, a
+    stream the server refused (REFUSED_STREAM, or above its GOAWAY's last stream)
+    was not processed: it may be sent again."""
 
     stream_id: int
     code: int
-    by_client: bool
+    by_peer: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +204,18 @@ class ConnectionClosed:
 
     code: int
     reason: str
-    by_client: bool
+    by_peer: bool
 
 
 Event = (
-    RequestReceived | DataReceived | StreamEnded | StreamReset | StreamWritable | ConnectionClosed
+    RequestReceived
+    | ResponseReceived
+    | TrailersReceived
+    | DataReceived
+    | StreamEnded
+    | StreamReset
+    | StreamWritable
+    | ConnectionClosed
 )
 
 
@@ -199,7 +234,7 @@ class _StreamViolation(Exception):
         self.code = code
 
 
-# --- the encoding of what the server sends ----------------------------------------------
+# --- the encoding of what either end sends ----------------------------------------------
 
 
 def _integer(value: int, prefix_bits: int, first: int) -> bytes:
@@ -258,35 +293,46 @@ class _Stream:
     stream_id: int
     send_window: int
     recv_window: int
-    remote_open: bool = True  # the client may still send (no END_STREAM yet)
-    responded: bool = False  # the response headers are queued
+    remote_open: bool = True  # the peer may still send (no END_STREAM yet)
+    local_open: bool = True  # this end may still send
+    headers_sent: bool = False  # this end's headers are queued (a server's response's)
+    headers_received: bool = False  # a client's stream: the response headers came
     unacknowledged: int = 0  # received bytes the reader has not taken yet
     returnable: int = 0  # window the client may use again, not yet announced
     # What waits for a window (the stream is blocked while it is not empty): DATA
-    # payloads, and the trailer block that goes after them.
+    # payloads, and the trailer block that goes after them (a server's), or the end
+    # of the stream on the last of them (a client's).
     queue: deque[bytes] = field(default_factory=deque)
     trailers: bytes | None = None
+    end_after: bool = False
 
 
-class ServerConnection:
-    """One client's connection, seen from the server; see the module's docstring."""
+class _Connection:
+    """What both ends do alike; see the module's docstring."""
+
+    #: Whether the peer's resets of streams are counted against `calm_budget`
+    #: (a server's: "rapid reset").
+    _COUNT_RESETS = False
+    #: Whether this end waits for the client's connection preface (a server).
+    _READS_PREFACE = False
 
     def __init__(self, limits: Limits | None = None, clock: Callable[[], float] | None = None):
         self.limits = limits or Limits()
         self._clock = clock or time.monotonic
         self._out = bytearray()
         self._buffer = bytearray()
-        self._preface_seen = False
+        self._preface_seen = not self._READS_PREFACE
         self._settings_seen = False
         self._streams: dict[int, _Stream] = {}
-        self._last_stream = 0  # the highest stream id the client opened
+        self._last_stream = 0  # the highest stream id opened (by the client)
         self._decoder = hpack.Decoder(max_header_list_size=self.limits.max_header_list_size)
         self._decoder.max_allowed_table_size = self.limits.header_table_size
         self._block: bytearray | None = None  # a header block awaiting CONTINUATION
         self._block_stream = 0
         self._block_flags = 0
-        self._peer_window = _DEFAULT_WINDOW  # the client's initial stream window
+        self._peer_window = _DEFAULT_WINDOW  # the peer's initial stream window
         self._peer_frame = _DEFAULT_FRAME
+        self._peer_streams = _MAX_WINDOW  # the peer's MAX_CONCURRENT_STREAMS
         self._send_window = _DEFAULT_WINDOW  # the connection's, for what we send
         self._recv_window = self.limits.connection_window
         self._recv_returnable = 0
@@ -295,7 +341,12 @@ class ServerConnection:
         self._calm_spent = 0
         self.closed: ConnectionClosed | None = None
         self._events: list[Event] = []
-        self._initiate()
+        self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
+        self._start()
+
+    def _start(self) -> None:
+        """Queue what this end sends first."""
+        raise NotImplementedError
 
     # --- what the caller reads ----------------------------------------------------------
 
@@ -322,17 +373,17 @@ class ServerConnection:
         stream = self._streams.get(stream_id)
         return 0 if stream is None else max(0, min(stream.send_window, self._send_window))
 
-    # --- what the client sent -----------------------------------------------------------
+    # --- what the peer sent -------------------------------------------------------------
 
     def receive(self, data: bytes) -> list[Event]:
-        """Take bytes the client sent; the events they make, in order."""
+        """Take bytes the peer sent; the events they make, in order."""
         if self.closed is not None:
             return []
         self._buffer += data
         try:
             self._parse()
         except ProtocolViolation as exc:
-            self._close(exc.code, exc.reason, by_client=False)
+            self._close(exc.code, exc.reason, by_peer=False)
         events, self._events = self._events, []
         return events
 
@@ -370,7 +421,7 @@ class ServerConnection:
             del buffer[:start]
         if len(self._out) > self.limits.max_unsent:
             raise ProtocolViolation(
-                ErrorCode.ENHANCE_YOUR_CALM, "the client does not read what it is sent"
+                ErrorCode.ENHANCE_YOUR_CALM, "the peer does not read what it is sent"
             )
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
@@ -378,13 +429,13 @@ class ServerConnection:
             raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "the preface is not a SETTINGS frame")
         if self._block is not None and kind != FrameType.CONTINUATION:
             raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "a header block is interrupted")
-        handler = _HANDLERS.get(kind)
+        handler = self._handlers.get(kind)
         if handler is None:
             return  # an unknown frame type is ignored (RFC 9113 4.1)
         try:
-            handler(self, flags, stream_id, payload)
+            handler(flags, stream_id, payload)
         except _StreamViolation as exc:
-            self._reset(stream_id, exc.code, by_client=False)
+            self._reset(stream_id, exc.code, by_peer=False)
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -408,7 +459,7 @@ class ServerConnection:
         if stream is None:
             if stream_id > self._last_stream:
                 raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream already over: what the client sent before it knew
+            return  # a stream already over: what the peer sent before it knew
         if not stream.remote_open:
             raise _StreamViolation(ErrorCode.STREAM_CLOSED, "DATA after the end of the stream")
         if flow > stream.recv_window:
@@ -420,9 +471,10 @@ class ServerConnection:
         ended = bool(flags & END_STREAM)
         if not data and not ended:
             self._spend_calm("empty DATA frames")
+        self._events.append(DataReceived(stream_id, data, ended))
         if ended:
             stream.remote_open = False
-        self._events.append(DataReceived(stream_id, data, ended))
+            self._remote_ended(stream)
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0 or stream_id % 2 == 0:
@@ -461,7 +513,7 @@ class ServerConnection:
         block, self._block = bytes(self._block or b""), None
         stream_id, flags = self._block_stream, self._block_flags
         # Decoded whatever becomes of the stream: the decoder's table must follow
-        # every block the client encoded.
+        # every block the peer encoded.
         try:
             # raw=False: a list of (name, value) str tuples.
             headers = cast(list[tuple[str, str]], self._decoder.decode(block, raw=False))
@@ -469,37 +521,36 @@ class ServerConnection:
             raise ProtocolViolation(
                 ErrorCode.COMPRESSION_ERROR, f"bad header block: {exc}"
             ) from None
-        ended = bool(flags & END_STREAM)
-        stream = self._streams.get(stream_id)
-        if stream is not None:  # trailers: the end of what the client sends
-            if not stream.remote_open:
-                raise _StreamViolation(ErrorCode.STREAM_CLOSED, "HEADERS after the end")
-            if not ended:
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
-            if any(name.startswith(":") for name, _ in headers):
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
-            stream.remote_open = False
-            self._events.append(StreamEnded(stream_id))
-            return
-        if stream_id <= self._last_stream:
-            return  # a stream already over (reset, or trailers the client sent late)
-        self._last_stream = stream_id
-        if self._going_away:
-            return  # after our GOAWAY: not processed, the client may retry it
-        if len(self._streams) >= self.limits.max_streams:
-            self._out += _rst(stream_id, ErrorCode.REFUSED_STREAM)
-            return
-        if reason := _malformed(headers):
-            self._out += _rst(stream_id, ErrorCode.PROTOCOL_ERROR)
-            self._spend_calm(f"malformed requests ({reason})")
-            return
-        self._streams[stream_id] = _Stream(
-            stream_id,
-            send_window=self._peer_window,
-            recv_window=self.limits.stream_window,
-            remote_open=not ended,
+        self._headers_received(stream_id, bool(flags & END_STREAM), headers)
+
+    def _headers_received(
+        self, stream_id: int, ended: bool, headers: list[tuple[str, str]]
+    ) -> None:
+        """A header block of `stream_id` came whole (decoded)."""
+        raise NotImplementedError
+
+    def _remote_ended(self, stream: _Stream) -> None:
+        """The peer sent the end of `stream` (END_STREAM)."""
+
+    def _local_ended(self, stream: _Stream) -> None:
+        """This end queued the end of `stream`."""
+        stream.local_open = False
+
+    def _goaway_last(self) -> int:
+        """The last stream id a GOAWAY of ours names: the highest the peer opened."""
+        return 0
+
+    def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise ProtocolViolation(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY is short")
+        self._peer_goes_away(
+            int.from_bytes(payload[:4], "big") & _MAX_WINDOW, int.from_bytes(payload[4:8], "big")
         )
-        self._events.append(RequestReceived(stream_id, headers, ended))
+
+    def _peer_goes_away(self, last: int, code: int) -> None:
+        self._close(code, "the peer went away", by_peer=True)
 
     def _on_priority(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -520,8 +571,9 @@ class ServerConnection:
             return
         # A stream opened and reset at once costs the server work and the client
         # nothing (the "rapid reset" attack): counted.
-        self._spend_calm("streams reset before their response")
-        self._events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), by_client=True))
+        if self._COUNT_RESETS:
+            self._spend_calm("streams reset before their response")
+        self._events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), by_peer=True))
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
@@ -558,11 +610,14 @@ class ServerConnection:
             if not _DEFAULT_FRAME <= value <= 2**24 - 1:
                 raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
             self._peer_frame = value
-        # The others do not bind a server that pushes nothing and indexes nothing;
+        elif key == Setting.MAX_CONCURRENT_STREAMS:
+            self._peer_streams = value
+        # The others do not bind an end that pushes nothing and indexes nothing;
         # unknown settings are ignored (RFC 9113 6.5.2).
 
     def _on_push_promise(self, flags: int, stream_id: int, payload: bytes) -> None:
-        raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
+        # A client takes no push (ENABLE_PUSH 0), a server none at all.
+        raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE is not taken")
 
     def _on_ping(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
@@ -573,14 +628,6 @@ class ServerConnection:
             return
         self._spend_calm("PING frames")
         self._out += frame(FrameType.PING, ACK, 0, payload)
-
-    def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id != 0:
-            raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
-        if len(payload) < 8:
-            raise ProtocolViolation(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY is short")
-        code = int.from_bytes(payload[4:8], "big")
-        self._close(code, "the client went away", by_client=True)
 
     def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -607,7 +654,7 @@ class ServerConnection:
         if stream.queue:
             self._flush(stream)
 
-    # --- what the server answers --------------------------------------------------------
+    # --- what this end sends -------------------------------------------------------------
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The reader took `n` bytes of the stream's body: let as many more in."""
@@ -617,60 +664,17 @@ class ServerConnection:
             stream.unacknowledged -= n
             self._give_back(stream, n)
 
-    def respond(self, stream_id: int, block: bytes, end: bool = False) -> None:
-        """Queue the response headers (an HPACK block, see `header_block`)."""
-        stream = self._open(stream_id)
-        if stream.responded:
-            raise RuntimeError(f"stream {stream_id} has its response headers already")
-        stream.responded = True
-        self._headers(stream_id, block, end)
-        if end:
-            self._finish(stream)
-
-    def send_data(self, stream_id: int, data: bytes) -> bool:
-        """Queue body bytes; False if (some of) it waits for the client's window
-        (a `StreamWritable` follows once it has all gone)."""
-        stream = self._open(stream_id)
-        if not stream.responded:
-            raise RuntimeError(f"stream {stream_id} sends data before its headers")
-        if stream.queue:
-            stream.queue.append(data)
-        else:
-            self._send(stream, data)
-        return not stream.queue
-
-    def end(self, stream_id: int, trailers: bytes) -> None:
-        """End the response with a trailer block (after whatever data is queued)."""
-        stream = self._open(stream_id)
-        if not stream.responded:
-            raise RuntimeError(f"stream {stream_id} ends before its headers")
-        if stream.queue:
-            stream.trailers = trailers
-            return
-        self._headers(stream_id, trailers, True)
-        self._finish(stream)
-
-    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
-        """End the connection with GOAWAY; every stream still open ends with it."""
-        self._close(code, reason or "the server is closing", by_client=False)
-
-    def go_away(self) -> None:
-        """Tell the client no new stream will be taken (GOAWAY, NO_ERROR), and let
-        the streams under way finish; `close` afterwards."""
-        if self.closed is None and not self._going_away:
-            self._going_away = True
-            payload = (2**31 - 1).to_bytes(4, "big") + bytes(4)
-            self._out += frame(FrameType.GOAWAY, 0, 0, payload)
-
     # --- internals ----------------------------------------------------------------------
 
-    def _initiate(self) -> None:
+    def _initiate(self, streams: int) -> None:
+        """Queue this end's SETTINGS (`streams`: how many streams the peer may open)
+        and raise the connection's window."""
         limits = self.limits
         settings = b"".join(
             key.to_bytes(2, "big") + value.to_bytes(4, "big")
             for key, value in (
                 (Setting.ENABLE_PUSH, 0),
-                (Setting.MAX_CONCURRENT_STREAMS, limits.max_streams),
+                (Setting.MAX_CONCURRENT_STREAMS, streams),
                 (Setting.INITIAL_WINDOW_SIZE, limits.stream_window),
                 (Setting.MAX_FRAME_SIZE, limits.max_frame_size),
                 (Setting.MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
@@ -689,7 +693,7 @@ class ServerConnection:
         return stream
 
     def _give_back(self, stream: _Stream, n: int) -> None:
-        """Bytes of the stream's window the client may use again: announced in steps
+        """Bytes of the stream's window the peer may use again: announced in steps
         of a quarter window, not one WINDOW_UPDATE per read."""
         if n <= 0 or not stream.remote_open:
             return
@@ -714,30 +718,40 @@ class ServerConnection:
                 FrameType.CONTINUATION, END_HEADERS if last else 0, stream_id, block[i : i + size]
             )
 
-    def _send(self, stream: _Stream, data: bytes) -> None:
-        """Send what the windows allow of `data`; queue the rest."""
+    def _send(self, stream: _Stream, data: bytes, end: bool = False) -> None:
+        """Send what the windows allow of `data`, its last frame ending the stream if
+        `end`; queue the rest."""
         sent = 0
         while sent < len(data):
             room = min(stream.send_window, self._send_window, self._peer_frame, len(data) - sent)
             if room <= 0:
                 stream.queue.append(data[sent:])
                 return
-            self._out += frame(FrameType.DATA, 0, stream.stream_id, data[sent : sent + room])
+            last = end and sent + room == len(data)
+            self._out += frame(
+                FrameType.DATA,
+                END_STREAM if last else 0,
+                stream.stream_id,
+                data[sent : sent + room],
+            )
             stream.send_window -= room
             self._send_window -= room
             sent += room
+        if end:
+            self._local_ended(stream)
 
     def _flush(self, stream: _Stream) -> None:
         queue, stream.queue = stream.queue, deque()
         while queue:
-            self._send(stream, queue.popleft())
+            chunk = queue.popleft()
+            self._send(stream, chunk, end=stream.end_after and not queue)
             if stream.queue:
                 stream.queue.extend(queue)
                 return
         if stream.trailers is not None:
             self._headers(stream.stream_id, stream.trailers, True)
             stream.trailers = None
-            self._finish(stream)
+            self._local_ended(stream)
         self._events.append(StreamWritable(stream.stream_id))
 
     def _flush_blocked(self) -> None:
@@ -746,16 +760,9 @@ class ServerConnection:
                 return
             self._flush(stream)
 
-    def _finish(self, stream: _Stream) -> None:
-        """The response has ended; the stream is over once the client's side is too.
-        A client still sending is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1)."""
-        self._streams.pop(stream.stream_id, None)
-        if stream.remote_open:
-            self._out += _rst(stream.stream_id, ErrorCode.NO_ERROR)
-
-    def _reset(self, stream_id: int, code: ErrorCode, by_client: bool) -> None:
+    def _reset(self, stream_id: int, code: ErrorCode, by_peer: bool) -> None:
         if self._streams.pop(stream_id, None) is not None:
-            self._events.append(StreamReset(stream_id, int(code), by_client))
+            self._events.append(StreamReset(stream_id, int(code), by_peer))
         self._out += _rst(stream_id, code)
 
     def _spend_calm(self, what: str) -> None:
@@ -770,17 +777,225 @@ class ServerConnection:
                 f"{self.limits.calm_seconds:g} s",
             )
 
-    def _close(self, code: int, reason: str, by_client: bool) -> None:
+    def _close(self, code: int, reason: str, by_peer: bool) -> None:
         if self.closed is not None:
             return
-        if not by_client:
-            payload = self._last_stream.to_bytes(4, "big") + int(code).to_bytes(4, "big")
+        if not by_peer:
+            payload = self._goaway_last().to_bytes(4, "big") + int(code).to_bytes(4, "big")
             self._out += frame(FrameType.GOAWAY, 0, 0, payload + reason.encode()[:256])
         for stream_id in list(self._streams):
-            self._events.append(StreamReset(stream_id, int(ErrorCode.CANCEL), by_client))
+            self._events.append(StreamReset(stream_id, int(ErrorCode.CANCEL), by_peer))
         self._streams.clear()
-        self.closed = ConnectionClosed(int(code), reason, by_client)
+        self.closed = ConnectionClosed(int(code), reason, by_peer)
         self._events.append(self.closed)
+
+
+class ServerConnection(_Connection):
+    """One client's connection, seen from the server; see the module's docstring."""
+
+    _COUNT_RESETS = True
+    _READS_PREFACE = True
+
+    def _start(self) -> None:
+        self._initiate(self.limits.max_streams)
+
+    def respond(self, stream_id: int, block: bytes, end: bool = False) -> None:
+        """Queue the response headers (an HPACK block, see `header_block`)."""
+        stream = self._open(stream_id)
+        if stream.headers_sent:
+            raise RuntimeError(f"stream {stream_id} has its response headers already")
+        stream.headers_sent = True
+        self._headers(stream_id, block, end)
+        if end:
+            self._local_ended(stream)
+
+    def send_data(self, stream_id: int, data: bytes) -> bool:
+        """Queue body bytes; False if (some of) it waits for the client's window
+        (a `StreamWritable` follows once it has all gone)."""
+        stream = self._open(stream_id)
+        if not stream.headers_sent:
+            raise RuntimeError(f"stream {stream_id} sends data before its headers")
+        if stream.queue:
+            stream.queue.append(data)
+        else:
+            self._send(stream, data)
+        return not stream.queue
+
+    def end(self, stream_id: int, trailers: bytes) -> None:
+        """End the response with a trailer block (after whatever data is queued)."""
+        stream = self._open(stream_id)
+        if not stream.headers_sent:
+            raise RuntimeError(f"stream {stream_id} ends before its headers")
+        if stream.queue:
+            stream.trailers = trailers
+            return
+        self._headers(stream_id, trailers, True)
+        self._local_ended(stream)
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
+        """End the connection with GOAWAY; every stream still open ends with it."""
+        self._close(code, reason or "the server is closing", by_peer=False)
+
+    def go_away(self) -> None:
+        """Tell the client no new stream will be taken (GOAWAY, NO_ERROR), and let
+        the streams under way finish; `close` afterwards."""
+        if self.closed is None and not self._going_away:
+            self._going_away = True
+            payload = (2**31 - 1).to_bytes(4, "big") + bytes(4)
+            self._out += frame(FrameType.GOAWAY, 0, 0, payload)
+
+    def _goaway_last(self) -> int:
+        return self._last_stream
+
+    def _headers_received(
+        self, stream_id: int, ended: bool, headers: list[tuple[str, str]]
+    ) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None:  # trailers: the end of what the client sends
+            if not stream.remote_open:
+                raise _StreamViolation(ErrorCode.STREAM_CLOSED, "HEADERS after the end")
+            if not ended:
+                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
+            if any(name.startswith(":") for name, _ in headers):
+                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
+            stream.remote_open = False
+            self._events.append(StreamEnded(stream_id))
+            return
+        if stream_id <= self._last_stream:
+            return  # a stream already over (reset, or trailers the client sent late)
+        self._last_stream = stream_id
+        if self._going_away:
+            return  # after our GOAWAY: not processed, the client may retry it
+        if len(self._streams) >= self.limits.max_streams:
+            self._out += _rst(stream_id, ErrorCode.REFUSED_STREAM)
+            return
+        if reason := _malformed(headers):
+            self._out += _rst(stream_id, ErrorCode.PROTOCOL_ERROR)
+            self._spend_calm(f"malformed requests ({reason})")
+            return
+        self._streams[stream_id] = _Stream(
+            stream_id,
+            send_window=self._peer_window,
+            recv_window=self.limits.stream_window,
+            remote_open=not ended,
+        )
+        self._events.append(RequestReceived(stream_id, headers, ended))
+
+    def _local_ended(self, stream: _Stream) -> None:
+        """The response has ended; the stream is over once the client's side is too.
+        A client still sending is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1)."""
+        stream.local_open = False
+        self._streams.pop(stream.stream_id, None)
+        if stream.remote_open:
+            self._out += _rst(stream.stream_id, ErrorCode.NO_ERROR)
+
+
+class ClientConnection(_Connection):
+    """A connection to a server, seen from the client; see the module's docstring.
+
+    `request` opens a stream with a whole request; the server's answer comes as a
+    `ResponseReceived`, `DataReceived`s and a `TrailersReceived` (or a
+    `StreamReset`). Stream ids are odd and rise; once they run out, or the server
+    said GOAWAY, the connection takes no new request (`accepts_requests`)."""
+
+    def _start(self) -> None:
+        self._out += PREFACE
+        self._initiate(0)  # a server opens no stream of its own (no push)
+        self._next_stream = 1
+
+    @property
+    def accepts_requests(self) -> bool:
+        """Whether `request` may open a stream now: the connection is open, the
+        server did not say GOAWAY, and a stream id is left."""
+        return self.closed is None and not self._going_away and self._next_stream <= _MAX_WINDOW
+
+    @property
+    def has_room(self) -> bool:
+        """Whether one more stream is within both ends' limits on streams at once."""
+        return len(self._streams) < min(self.limits.max_streams, self._peer_streams)
+
+    def request(self, block: bytes, body: bytes) -> int:
+        """Open a stream with request headers `block` (see `header_block`) and `body`,
+        which ends it (on the last DATA frame; what the server's window cannot take
+        yet waits for it). The new stream's id; RuntimeError if the connection takes
+        no request now (`accepts_requests`, `has_room`)."""
+        if not self.accepts_requests:
+            raise RuntimeError("the connection takes no new request")
+        if not self.has_room:
+            raise RuntimeError("the connection has as many streams open as it may")
+        stream_id, self._next_stream = self._next_stream, self._next_stream + 2
+        self._last_stream = stream_id
+        stream = _Stream(
+            stream_id,
+            send_window=self._peer_window,
+            recv_window=self.limits.stream_window,
+            headers_sent=True,
+        )
+        self._streams[stream_id] = stream
+        if not body:
+            self._headers(stream_id, block, True)
+            self._local_ended(stream)
+            return stream_id
+        self._headers(stream_id, block, False)
+        stream.end_after = True
+        self._send(stream, body, end=True)
+        return stream_id
+
+    def cancel(self, stream_id: int) -> None:
+        """Give up on a stream (RST_STREAM CANCEL); nothing more of it is told."""
+        if self._streams.pop(stream_id, None) is not None:
+            self._out += _rst(stream_id, ErrorCode.CANCEL)
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
+        """End the connection with GOAWAY; every stream still open ends with it."""
+        self._close(code, reason or "the client is closing", by_peer=False)
+
+    def _headers_received(
+        self, stream_id: int, ended: bool, headers: list[tuple[str, str]]
+    ) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            if stream_id > self._last_stream:
+                raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "HEADERS on an idle stream")
+            return  # a stream already over (cancelled, or reset)
+        if not stream.remote_open:
+            raise _StreamViolation(ErrorCode.STREAM_CLOSED, "HEADERS after the end")
+        if not stream.headers_received:
+            if reason := _malformed_response(headers):
+                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, f"a malformed response ({reason})")
+            stream.headers_received = True
+            self._events.append(ResponseReceived(stream_id, headers, ended))
+        else:
+            if not ended:
+                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
+            if any(name.startswith(":") for name, _ in headers):
+                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
+            self._events.append(TrailersReceived(stream_id, headers))
+        if ended:
+            stream.remote_open = False
+            self._remote_ended(stream)
+
+    def _remote_ended(self, stream: _Stream) -> None:
+        """The response is over: so is the stream. A request still being sent stops
+        (RST_STREAM CANCEL: nobody reads the rest)."""
+        self._streams.pop(stream.stream_id, None)
+        if stream.local_open:
+            self._out += _rst(stream.stream_id, ErrorCode.CANCEL)
+
+    def _local_ended(self, stream: _Stream) -> None:
+        stream.local_open = False
+        stream.end_after = False
+
+    def _peer_goes_away(self, last: int, code: int) -> None:
+        """GOAWAY: with an error, the connection is over; with NO_ERROR the server
+        finishes the streams up to `last` and refuses (unprocessed) those above."""
+        if code != ErrorCode.NO_ERROR:
+            self._close(code, f"the server went away ({_code_name(code)})", by_peer=True)
+            return
+        self._going_away = True
+        for stream_id in [sid for sid in self._streams if sid > last]:
+            del self._streams[stream_id]
+            self._events.append(StreamReset(stream_id, int(ErrorCode.REFUSED_STREAM), True))
 
 
 def _unpadded(flags: int, payload: bytes) -> bytes:
@@ -792,6 +1007,28 @@ def _unpadded(flags: int, payload: bytes) -> bytes:
     if pad >= len(payload):
         raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "padding longer than the frame")
     return payload[1 : len(payload) - pad]
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error {code}"
+
+
+def _malformed_response(headers: list[tuple[str, str]]) -> str:
+    """Why a response's headers break RFC 9113 8.3.2, or ""."""
+    status = False
+    for i, (name, _) in enumerate(headers):
+        if name.startswith(":"):
+            if name not in _RESPONSE_PSEUDO or status or i:
+                return f"pseudo-header {name}"
+            status = True
+        elif name != name.lower():
+            return "an upper-case header name"
+        elif name in _CONNECTION_HEADERS:
+            return f"header {name}"
+    return "" if status else "no :status"
 
 
 def _malformed(headers: list[tuple[str, str]]) -> str:
@@ -816,15 +1053,16 @@ def _malformed(headers: list[tuple[str, str]]) -> str:
     return ""
 
 
-_HANDLERS: dict[int, Callable[[ServerConnection, int, int, bytes], None]] = {
-    FrameType.DATA: ServerConnection._on_data,
-    FrameType.HEADERS: ServerConnection._on_headers,
-    FrameType.PRIORITY: ServerConnection._on_priority,
-    FrameType.RST_STREAM: ServerConnection._on_rst_stream,
-    FrameType.SETTINGS: ServerConnection._on_settings,
-    FrameType.PUSH_PROMISE: ServerConnection._on_push_promise,
-    FrameType.PING: ServerConnection._on_ping,
-    FrameType.GOAWAY: ServerConnection._on_goaway,
-    FrameType.WINDOW_UPDATE: ServerConnection._on_window_update,
-    FrameType.CONTINUATION: ServerConnection._on_continuation,
+# The frame types each end reads, and the method that reads each.
+_HANDLERS: dict[int, str] = {
+    FrameType.DATA: "_on_data",
+    FrameType.HEADERS: "_on_headers",
+    FrameType.PRIORITY: "_on_priority",
+    FrameType.RST_STREAM: "_on_rst_stream",
+    FrameType.SETTINGS: "_on_settings",
+    FrameType.PUSH_PROMISE: "_on_push_promise",
+    FrameType.PING: "_on_ping",
+    FrameType.GOAWAY: "_on_goaway",
+    FrameType.WINDOW_UPDATE: "_on_window_update",
+    FrameType.CONTINUATION: "_on_continuation",
 }

@@ -20,6 +20,7 @@ from grpclib.protocol import H2Protocol
 
 from timeslice.api import hot
 from timeslice.api.coalesce import Coalesced
+from timeslice.api.h2client import H2Channel
 from timeslice.api.status import from_grpc_error
 from timeslice.api.wire import decode_strict
 from timeslice.errors import (
@@ -42,29 +43,44 @@ FAILOVER_BACKOFF_SEC = 0.25
 
 
 async def call_prepared(
-    stub: ServiceStub,
+    via: ServiceStub | H2Channel,
     route: str,
     request: bytes,
     reply_type: type[M],
     timeout: float | None,
 ) -> M:
-    """One unary call of `stub`'s service whose request is encoded already
-    (`timeslice.api.hot`), its answer read as strictly as a server reads a request,
-    in one pass where it is flat (`decode_strict`): a malformed answer is an
-    `InternalError` of its own, never half read."""
-    # Both messages pass the stub as bytes, which its types do not say it takes.
-    answer = await stub._unary_unary(  # type: ignore[type-var]
-        route,
-        hot.Prepared(request),
-        hot.Prepared,
-        timeout=timeout,
-    )
+    """One unary call whose request is encoded already (`timeslice.api.hot`), sent
+    through `via`: an `H2Channel`, or a grpclib stub's channel. Its answer is read as
+    strictly as a server reads a request, in one pass where it is flat
+    (`decode_strict`): a malformed answer is an `InternalError` of its own, never
+    half read."""
+    if isinstance(via, H2Channel):
+        data = await via.unary(route, request, timeout)
+    else:
+        # Both messages pass the stub as bytes, which its types do not say it takes.
+        answer = await via._unary_unary(  # type: ignore[type-var]
+            route,
+            hot.Prepared(request),
+            hot.Prepared,
+            timeout=timeout,
+        )
+        data = answer.data
     try:
-        return decode_strict(reply_type, answer.data)
+        return decode_strict(reply_type, data)
     except ValueError as exc:
         raise InternalError(
             f"the answer to {route.rsplit('/', 1)[-1]} is malformed: {exc}"
         ) from None
+
+
+def open_unary(target: Target, tls: ClientTls | None, token: str | None) -> H2Channel:
+    """An `H2Channel` to `target` for unary calls, with the credentials `open_channel`
+    gives a grpclib channel (TLS on TCP targets only, the bearer token on every call)."""
+    context = tls.context() if tls is not None and target.path is None else None
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    return H2Channel(
+        target.host or "", target.port or 0, path=target.path, ssl=context, metadata=metadata
+    )
 
 
 def credentials(

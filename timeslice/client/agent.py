@@ -21,9 +21,12 @@ from functools import partial
 from types import TracebackType
 from typing import TypeVar
 
+import betterproto2
 from grpclib.client import Channel
 
 from timeslice.api import hot
+from timeslice.api.connections import check_http2
+from timeslice.api.h2client import H2Channel
 from timeslice.api.gen.grpc.health import v1 as health_pb
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.client._bridge import LoopThread
@@ -35,6 +38,7 @@ from timeslice.client._transport import (
     in_own_task,
     map_errors,
     open_channel,
+    open_unary,
 )
 from timeslice.client.agent_types import (
     OPERATION_COMPLETE,
@@ -62,6 +66,7 @@ from timeslice.ids import parse_target
 from timeslice.security.tls import ClientTls
 
 R = TypeVar("R")
+M = TypeVar("M", bound=betterproto2.Message)
 
 DEFAULT_ENDPOINT = "127.0.0.1:9001"
 
@@ -70,7 +75,12 @@ _WAIT_SLICE_SEC = 30.0
 # How much longer than the agent's own wait the client waits for its answer.
 # More than a second: grpclib sends a deadline over 10 s in whole seconds, cut down.
 _WAIT_BACKSTOP_SEC = 2.0
-_SWITCH_GROUP = "/snapshot_agent.v1alpha1.SnapshotAgentService/SwitchGroup"
+_SERVICE = "/snapshot_agent.v1alpha1.SnapshotAgentService"
+_SNAPSHOT, _RESTORE, _GET_OPERATION, _STATUS, _RESET_JOB, _SWITCH_GROUP = (
+    f"{_SERVICE}/{method}"
+    for method in ("Snapshot", "Restore", "GetOperation", "Status", "ResetJob", "SwitchGroup")
+)
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 # A PENDING answer sooner than this (and than half the wait asked for) comes from
 # an agent that does not wait (a v1alpha1 one): the client then polls instead.
 _EARLY_ANSWER_SEC = 0.5
@@ -100,9 +110,17 @@ class OperationFailedError(TimeSliceError):
 
 @dataclass(frozen=True)
 class _Stubs:
+    """The ways to the agent: grpclib's channel (a channel given, and streams), and
+    the `H2Channel` its unary calls take (None: they go through grpclib's)."""
+
     channel: Channel
     agent: pb.SnapshotAgentServiceStub
-    health: health_pb.HealthStub
+    unary: H2Channel | None = None
+
+    def call(
+        self, route: str, request: betterproto2.Message, reply: type[M], timeout: float | None
+    ) -> Awaitable[M]:
+        return call_prepared(self.unary or self.agent, route, bytes(request), reply, timeout)
 
 
 class AsyncSnapshotAgentClient:
@@ -115,7 +133,10 @@ class AsyncSnapshotAgentClient:
     environment's (TIMESLICE_TLS_*, TIMESLICE_TOKEN) unless
     ``credentials_from_env`` is False. ``call_timeout_sec`` bounds each call;
     ``reconnect_timeout_sec`` is how long a call keeps trying while the agent
-    cannot be reached.
+    cannot be reached. ``http2`` is the HTTP/2 client its unary calls take:
+    ``"h2core"`` (timeslice's own, `timeslice.api.h2client`: a call leaves in one
+    write) or ``"grpclib"``; streams take grpclib's, and so does everything on a
+    ``channel`` given.
 
     The client belongs to the event loop it is first used on.
     """
@@ -130,8 +151,11 @@ class AsyncSnapshotAgentClient:
         tls: ClientTls | None = None,
         token: str | None = None,
         credentials_from_env: bool = True,
+        http2: str = "h2core",
     ) -> None:
         self._target = parse_target(endpoint)
+        check_http2(http2)
+        self._http2 = http2
         self._tls, self._token = credentials(tls, token, credentials_from_env)
         if not call_timeout_sec > 0:
             raise InvalidArgumentError(f"call_timeout_sec must be positive: {call_timeout_sec}")
@@ -165,6 +189,8 @@ class AsyncSnapshotAgentClient:
         self._closed = True
         if self._owns_channel and self._stubs is not None:
             close_channel(self._stubs.channel)
+            if self._stubs.unary is not None:
+                self._stubs.unary.close()
 
     async def snapshot(
         self,
@@ -193,7 +219,7 @@ class AsyncSnapshotAgentClient:
         stubs = self._connect()
         response = await self._send_once(
             f"Snapshot({group}/{job_id})",
-            lambda timeout: stubs.agent.snapshot(request, timeout=timeout),
+            lambda timeout: stubs.call(_SNAPSHOT, request, pb.SnapshotResponse, timeout),
         )
         return SnapshotResponse(operation_id=response.operation_id)
 
@@ -217,7 +243,7 @@ class AsyncSnapshotAgentClient:
         stubs = self._connect()
         response = await self._send_once(
             f"Restore({group}/{job_id})",
-            lambda timeout: stubs.agent.restore(request, timeout=timeout),
+            lambda timeout: stubs.call(_RESTORE, request, pb.RestoreResponse, timeout),
         )
         return RestoreResponse(operation_id=response.operation_id)
 
@@ -232,7 +258,9 @@ class AsyncSnapshotAgentClient:
         """Every job on the node, and every accelerator's memory."""
         stubs = self._connect()
         response = await self._read(
-            "Status", timeout_sec, lambda timeout: stubs.agent.status(timeout=timeout)
+            "Status",
+            timeout_sec,
+            lambda timeout: stubs.call(_STATUS, pb.StatusRequest(), pb.StatusResponse, timeout),
         )
         return status_response(response)
 
@@ -245,7 +273,9 @@ class AsyncSnapshotAgentClient:
         response = await self._read(
             f"Health.Check({service})",
             timeout_sec,
-            lambda timeout: stubs.health.check(request, timeout=timeout),
+            lambda timeout: stubs.call(
+                _HEALTH_CHECK, request, health_pb.HealthCheckResponse, timeout
+            ),
         )
         return health_response(response)
 
@@ -260,7 +290,7 @@ class AsyncSnapshotAgentClient:
         stubs = self._connect()
         response = await self._send_once(
             f"ResetJob({group}/{job_id})",
-            lambda timeout: stubs.agent.reset_job(request, timeout=timeout),
+            lambda timeout: stubs.call(_RESET_JOB, request, pb.ResetJobResponse, timeout),
         )
         return ResetJobResponse(
             state=enum_name(response.state), table_version=response.table_version
@@ -304,7 +334,7 @@ class AsyncSnapshotAgentClient:
             )
             # The agent answers by its deadline; the call's own outlasts it a little.
             return await call_prepared(
-                stubs.agent,
+                stubs.unary or stubs.agent,
                 _SWITCH_GROUP,
                 request,
                 pb.SwitchGroupResponse,
@@ -452,7 +482,8 @@ class AsyncSnapshotAgentClient:
             raise RuntimeError("the agent client belongs to another event loop; make one per loop")
         if self._stubs is None:
             target = self._target
-            self._stubs = _stubs(open_channel(target, self._tls, self._token))
+            unary = open_unary(target, self._tls, self._token) if self._http2 == "h2core" else None
+            self._stubs = _stubs(open_channel(target, self._tls, self._token), unary)
         return self._stubs
 
     async def _read(
@@ -476,7 +507,7 @@ class AsyncSnapshotAgentClient:
 
     async def _send_once(self, what: str, send: Callable[[float], Awaitable[R]]) -> R:
         """Sends a call that must not be repeated once the agent may have received it."""
-        channel = self._connect().channel
+        stubs = self._connect()
 
         async def open_connection(left: float | None) -> None:
             # Connecting apart from the call tells "the agent could not be
@@ -485,7 +516,10 @@ class AsyncSnapshotAgentClient:
             # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation
             # that arrives as the connection attempt ends.
             async with asyncio.timeout(self._call_timeout_sec):
-                await channel.__connect__()
+                if stubs.unary is not None:
+                    await stubs.unary.connect()
+                else:
+                    await stubs.channel.__connect__()
 
         await call_with_retry(
             open_connection,
@@ -512,7 +546,7 @@ class AsyncSnapshotAgentClient:
                 timeout = self._call_timeout_sec
             else:
                 timeout = max(left, _WAIT_BACKSTOP_SEC)
-            return stubs.agent.get_operation(request, timeout=timeout)
+            return stubs.call(_GET_OPERATION, request, pb.GetOperationResponse, timeout)
 
         response = await call_with_retry(
             attempt,
@@ -722,8 +756,8 @@ class SnapshotAgentClient:
         return self._runner.run(factory)
 
 
-def _stubs(channel: Channel) -> _Stubs:
-    return _Stubs(channel, pb.SnapshotAgentServiceStub(channel), health_pb.HealthStub(channel))
+def _stubs(channel: Channel, unary: H2Channel | None = None) -> _Stubs:
+    return _Stubs(channel, pb.SnapshotAgentServiceStub(channel), unary)
 
 
 def _check_timeout(timeout_sec: float | None) -> None:

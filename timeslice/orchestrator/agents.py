@@ -65,13 +65,19 @@ class AgentDirectory:
     in session report."""
 
     def __init__(
-        self, timeout: float = STATUS_TIMEOUT, *, tls: ClientTls | None = None, token: str = ""
+        self,
+        timeout: float = STATUS_TIMEOUT,
+        *,
+        tls: ClientTls | None = None,
+        token: str = "",
+        http2: str = "h2core",
     ) -> None:
         self.timeout = timeout
         # What the orchestrator calls every agent with (`OrchestratorConfig.agent_tls`,
         # `agent_token`): never this process's environment, which is a user's.
         self.tls = tls
         self.token = token
+        self.http2 = http2  # the HTTP/2 client of the calls (`OrchestratorConfig.http2`)
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
         # The Status question in flight to each agent, shared by every caller that
         # asks meanwhile: however many ask, an agent has at most one at a time.
@@ -251,6 +257,7 @@ class AgentDirectory:
             tls=self.tls,
             token=self.token or None,
             credentials_from_env=False,
+            http2=self.http2,
         )
 
     async def job_states(

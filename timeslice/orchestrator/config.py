@@ -127,7 +127,9 @@ class OrchestratorConfig:
     advertise: str | None = None
     # The HTTP/2 server that carries the calls: "h2core" (ours, the default:
     # `timeslice.api.h2edge`, about half of grpclib's CPU per call), or "grpclib"
-    # (grpclib's). Both hold to the same limits, TLS and authentication.
+    # (grpclib's). Both hold to the same limits, TLS and authentication. The
+    # orchestrator's own unary calls to the agents (SwitchGroup) take the client of
+    # the same name (`timeslice.api.h2client`, or grpclib's).
     http2: str = "h2core"
 
     def table_limits(self) -> TableLimits:

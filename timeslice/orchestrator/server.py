@@ -93,7 +93,9 @@ class Orchestrator:
             self.config.message_timeout,
             Authenticator(self.config.auth, "the orchestrator"),
         )
-        self.agents = AgentDirectory(tls=self.config.agent_tls, token=self.config.agent_token)
+        self.agents = AgentDirectory(
+            tls=self.config.agent_tls, token=self.config.agent_token, http2=self.config.http2
+        )
         self.handoff = HandoffDriver(
             self, self.agents, self.config.switch_timeout, self.config.revoked_snapshot_timeout
         )

@@ -38,6 +38,28 @@ async def test_each_unary_call_is_one_write_from_each_end(tcp_sends: list[int]) 
             calls = 20
             for _ in range(calls):
                 await client.get_status()
+            sent = list(tcp_sends)  # the calls' writes, not the closes' after them
     # grpclib alone: HEADERS+DATA from the client, HEADERS, DATA, trailers and a
     # WINDOW_UPDATE from the server, each its own write.
-    assert len(tcp_sends) == 2 * calls, tcp_sends
+    assert len(sent) == 2 * calls, sent
+
+
+@pytest.mark.parametrize("http2", ["h2core", "grpclib"])
+async def test_each_call_of_a_cycle_is_one_write_from_each_end(
+    tcp_sends: list[int], http2: str
+) -> None:
+    """Acquire and Yield, on our own client (and on grpclib's, coalesced)."""
+    async with Orchestrator() as orch:
+        async with AsyncTimeSliceOrchestratorClient(
+            orch.address, "a", "g", lease_ttl_sec=None, http2=http2
+        ) as client:
+            for _ in range(3):  # connected, and past every first-call exchange
+                await client.acquire()
+                await client.release()
+            tcp_sends.clear()
+            cycles = 10
+            for _ in range(cycles):
+                await client.acquire()
+                await client.release()
+            sent = list(tcp_sends)
+    assert len(sent) == 2 * 2 * cycles, sent

@@ -182,3 +182,45 @@ async def test_a_refusal_sends_the_client_to_the_active_before_other_candidates(
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         await standby.close()
+
+
+@pytest.mark.parametrize("http2", ["h2core", "grpclib"])
+async def test_a_refusal_naming_the_active_is_followed_past_the_list_order(http2: str) -> None:
+    """Candidates A, B, C: A refuses, naming C as the active in its trailers; the
+    next call goes to C, not to B next in the list, on either client."""
+    from timeslice.api.h2serve import Call, H2Server, Route
+    from timeslice.api.serving import listening_socket
+    from timeslice.errors import Code
+
+    async with Orchestrator() as active:
+        asked: dict[str, int] = {"a": 0, "b": 0}
+        acquire = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire"
+
+        def refusing(name: str, names: str) -> Route:
+            async def handle(call: Call) -> None:
+                asked[name] += 1
+                await call.recv(1 << 20)
+                trailers = [(ACTIVE_KEY, names)] if names else []
+                call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
+
+            return Route(handle)
+
+        servers, addresses = [], []
+        for name, names in (("a", active.address), ("b", "")):
+            server = H2Server({acquire: refusing(name, names)})
+            sock = listening_socket("127.0.0.1", 0)
+            await server.start(sock)
+            servers.append(server)
+            addresses.append(f"127.0.0.1:{sock.getsockname()[1]}")
+        targets = ",".join([*addresses, active.address])
+        client = AsyncTimeSliceOrchestratorClient(
+            targets, "x", "g", lease_ttl_sec=None, reconnect_timeout_sec=10, http2=http2
+        )
+        try:
+            await client.acquire(timeout_sec=10)
+            assert active.table.groups["g"].holder is not None
+            assert asked == {"a": 1, "b": 0}
+        finally:
+            await client.close()
+            for server in servers:
+                await server.stop()

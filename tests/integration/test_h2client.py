@@ -27,7 +27,7 @@ from benchmarks.common import ECHO_ROUTE, echo_server
 from tests.certs import Certs
 from tests.integration.test_h2serve import CRASH, ECHO, FAIL, LIMIT, SLOW, serving, until
 from timeslice.api.connections import ConnectionLimits
-from timeslice.api.h2client import H2Channel, grpc_timeout
+from timeslice.api.h2client import H2Channel, StatusError, grpc_timeout
 from timeslice.api.h2serve import H2Server
 from timeslice.api.serving import listening_socket
 from timeslice.api.gen.timeslice_orchestrator.v1alpha1 import AcquireRequest
@@ -363,5 +363,43 @@ async def test_a_server_that_never_answers_runs_into_the_deadline() -> None:
         try:
             with pytest.raises(TimeoutError):
                 await channel.unary(ECHO, b"", 0.3)
+        finally:
+            channel.close()
+
+
+async def test_pings_keep_a_long_call_and_leave_a_server_that_stops_answering() -> None:
+    async with serving() as served:  # our server answers pings while the call waits
+        channel = H2Channel(served.host, served.port, pings=(0.05, 0.3))
+        try:
+            with pytest.raises(TimeoutError):  # not dropped: every ping was answered
+                await channel.unary(SLOW, b"", 0.8)
+        finally:
+            channel.close()
+
+    async def frozen(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):  # takes the request, answers not even a ping
+            pass
+
+    async with raw_server(frozen) as port:
+        channel = H2Channel("127.0.0.1", port, pings=(0.05, 0.2))
+        started = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(ConnectionError, match="answered no ping for 0.2 s"):
+                await channel.unary(ECHO, b"", None)  # no deadline: only the pings end it
+            assert asyncio.get_running_loop().time() - started < 2
+        finally:
+            channel.close()
+
+
+async def test_a_refusal_keeps_its_trailers() -> None:
+    refusal = [("grpc-status", "14"), ("grpc-message", "a standby"), ("timeslice-active", "h:1")]
+    async with fake_server(answers(GRPC, b"", refusal)) as fake:
+        channel = H2Channel("127.0.0.1", fake.port)
+        try:
+            with pytest.raises(StatusError) as error:
+                await channel.unary(ECHO, b"", 5)
+            assert error.value.status is Status.UNAVAILABLE
+            assert error.value.message == "a standby"
+            assert ("timeslice-active", "h:1") in error.value.trailers
         finally:
             channel.close()

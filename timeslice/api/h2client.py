@@ -14,7 +14,15 @@ callers' error mapping (`timeslice.client._transport.map_errors`) takes both:
 connection that closed or could not be made, `TimeoutError` when the call's time
 ran out (its stream is reset then, and the server's handler cancelled). A call the
 server refused unprocessed (REFUSED_STREAM, or above the last stream its GOAWAY
-names) is sent again once, on a new connection.
+names) is sent again once, on a new connection. A status other than OK comes as a
+`StatusError`, a `GRPCError` that keeps the answer's trailers (a standby names the
+active in them).
+
+With `pings=(every, timeout)`, a connection with a call open is pinged every
+`every` seconds and dropped (its socket aborted, its calls failing with
+`ConnectionError`) when a ping is unanswered for `timeout` seconds: a server that
+stops answering altogether (frozen, cut off, its TCP connection left open) is left
+within their sum, even by a call that waits long by design (a blocked Acquire).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from timeslice.api.h2core import (
     DataReceived,
     ErrorCode,
     Limits,
+    PingAcknowledged,
     ResponseReceived,
     StreamReset,
     TrailersReceived,
@@ -62,10 +71,19 @@ class _Refused(Exception):
     """The server did not process the call: it may be sent again."""
 
 
+class StatusError(GRPCError):
+    """A status other than OK, with the answer's trailers (or its trailers-only
+    headers)."""
+
+    def __init__(self, status: Status, message: str | None, trailers: list[tuple[str, str]]):
+        super().__init__(status, message)
+        self.trailers = trailers
+
+
 class _Call:
     """One call's answer as it arrives."""
 
-    __slots__ = ("done", "failed", "body", "status", "message", "max_reply")
+    __slots__ = ("done", "failed", "body", "status", "message", "metadata", "max_reply")
 
     def __init__(self, max_reply: int) -> None:
         self.done = asyncio.get_running_loop().create_future()
@@ -73,6 +91,7 @@ class _Call:
         self.body = bytearray()
         self.status: Status | None = None
         self.message = ""
+        self.metadata: list[tuple[str, str]] = []  # the trailers that ended it
         self.max_reply = max_reply
 
     def fail(self, error: BaseException) -> None:
@@ -111,6 +130,7 @@ class _Call:
             return
         self.status = _STATUSES[int(raw)]
         self.message = decode_grpc_message(values.get("grpc-message", ""))
+        self.metadata = headers
         if not self.done.done():
             self.done.set_result(None)
 
@@ -119,7 +139,7 @@ class _Call:
         is not OK or a body that is not one uncompressed message."""
         if self.status is not Status.OK:
             assert self.status is not None
-            raise GRPCError(self.status, self.message or None)
+            raise StatusError(self.status, self.message or None, self.metadata)
         body = self.body
         if len(body) < 5:
             raise GRPCError(Status.INTERNAL, "the answer has no message")
@@ -133,8 +153,12 @@ class _Call:
 class _Link(asyncio.Protocol):
     """One connection: its `ClientConnection` and the calls open on it."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, pings: tuple[float, float] | None = None) -> None:
         self.h2 = ClientConnection(limits)
+        self._pings = pings
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._pings_sent = 0
+        self._ping_sent = 0  # the number of the ping unanswered (0: none)
         self.transport: asyncio.Transport | None = None
         self.calls: dict[int, _Call] = {}
         self.lost: BaseException | None = None  # set once it may take no call
@@ -175,6 +199,10 @@ class _Link(asyncio.Protocol):
             elif isinstance(event, StreamReset):
                 if (call := self.calls.pop(event.stream_id, None)) is not None:
                     call.fail(_reset_error(event.code))
+            elif isinstance(event, PingAcknowledged):
+                if self._ping_sent and event.payload == self._ping_sent.to_bytes(8, "big"):
+                    self._ping_sent = 0
+                    self._arm_ping()
             elif isinstance(event, ConnectionClosed):
                 self._close(ConnectionError(f"the server closed the connection: {event.reason}"))
         self._room.set()
@@ -209,6 +237,8 @@ class _Link(asyncio.Protocol):
         call = _Call(max_reply)
         stream_id = self.h2.request(block, message)
         self.calls[stream_id] = call
+        if self._ping_timer is None:
+            self._arm_ping()
         if not self._write_due:
             self._write_due = True
             self._loop.call_soon(self._write)
@@ -221,6 +251,35 @@ class _Link(asyncio.Protocol):
                 self._write()
             raise
         return call.reply()
+
+    # --- pings while a call is open ------------------------------------------------------
+
+    def _arm_ping(self) -> None:
+        """The next ping in `every` seconds, while a call is open."""
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+        if self._pings is not None and self.lost is None and self.calls:
+            self._ping_timer = self._loop.call_later(self._pings[0], self._ping)
+
+    def _ping(self) -> None:
+        self._ping_timer = None
+        if self._pings is None or self.lost is not None or not self.calls:
+            return  # pinged again with the next call
+        self._pings_sent += 1
+        self._ping_sent = self._pings_sent
+        self.h2.ping(self._ping_sent.to_bytes(8, "big"))
+        self._write()
+        self._ping_timer = self._loop.call_later(self._pings[1], self._unanswered)
+
+    def _unanswered(self) -> None:
+        """A ping got no answer in time: the server is gone; drop the connection at
+        once (a TLS close would wait for a frozen peer's close_notify)."""
+        self._ping_timer = None
+        assert self._pings is not None
+        self._close(ConnectionError(f"the server answered no ping for {self._pings[1]:g} s"))
+        if self.transport is not None:
+            self.transport.abort()
 
     def _drop(self, stream_id: int) -> None:
         """A call given up before its stream ended: reset the stream."""
@@ -239,6 +298,9 @@ class _Link(asyncio.Protocol):
     def _close(self, error: BaseException) -> None:
         if self.lost is None:
             self.lost = error
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.fail(error)
@@ -282,7 +344,7 @@ class H2Channel:
 
     `host`/`port` or `path` (a Unix socket) name it; `ssl` (a client context with
     ALPN h2) puts the connection on TLS, checking `server_hostname` (default `host`);
-    `metadata` goes with every call (the bearer token)."""
+    `metadata` goes with every call (the bearer token); `pings`: see the module."""
 
     def __init__(
         self,
@@ -295,8 +357,10 @@ class H2Channel:
         metadata: Sequence[tuple[str, str]] = (),
         limits: Limits | None = None,
         max_reply: int = MAX_REPLY,
+        pings: tuple[float, float] | None = None,
     ) -> None:
         self._host, self._port, self._path = host, port, path
+        self._pings = pings
         self._ssl = ssl
         self._server_hostname = server_hostname
         self._limits = limits or Limits()
@@ -371,13 +435,13 @@ class H2Channel:
 
     async def _connect(self) -> _Link:
         loop = asyncio.get_running_loop()
-        limits = self._limits
+        limits, pings = self._limits, self._pings
         if self._path is not None:
-            _, link = await loop.create_unix_connection(lambda: _Link(limits), self._path)
+            _, link = await loop.create_unix_connection(lambda: _Link(limits, pings), self._path)
         else:
             hostname = (self._server_hostname or self._host) if self._ssl is not None else None
             _, link = await loop.create_connection(
-                lambda: _Link(limits),
+                lambda: _Link(limits, pings),
                 self._host,
                 self._port,
                 ssl=self._ssl,

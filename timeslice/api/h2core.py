@@ -198,6 +198,13 @@ class StreamWritable:
 
 
 @dataclass(frozen=True, slots=True)
+class PingAcknowledged:
+    """The peer answered a PING this end sent (`ClientConnection.ping`)."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """The connection is over: GOAWAY is queued (or received); write what is left
     and close. Every stream still open is over too."""
@@ -215,6 +222,7 @@ Event = (
     | StreamEnded
     | StreamReset
     | StreamWritable
+    | PingAcknowledged
     | ConnectionClosed
 )
 
@@ -540,6 +548,9 @@ class _Connection:
         """The last stream id a GOAWAY of ours names: the highest the peer opened."""
         return 0
 
+    def _ping_acknowledged(self, payload: bytes) -> None:
+        """A PING acknowledgement came (a server sends no PING, so ignores them)."""
+
     def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
             raise ProtocolViolation(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -625,6 +636,7 @@ class _Connection:
         if len(payload) != 8:
             raise ProtocolViolation(ErrorCode.FRAME_SIZE_ERROR, "PING of the wrong size")
         if flags & ACK:
+            self._ping_acknowledged(payload)
             return
         self._spend_calm("PING frames")
         self._out += frame(FrameType.PING, ACK, 0, payload)
@@ -940,6 +952,17 @@ class ClientConnection(_Connection):
         stream.end_after = True
         self._send(stream, body, end=True)
         return stream_id
+
+    def ping(self, payload: bytes) -> None:
+        """Send a PING of 8 bytes; a `PingAcknowledged` with them follows its answer."""
+        if len(payload) != 8:
+            raise ValueError("a PING carries 8 bytes")
+        if self.closed is None:
+            self._out += frame(FrameType.PING, 0, 0, payload)
+
+    def _ping_acknowledged(self, payload: bytes) -> None:
+        self._spend_calm("PING acknowledgements")  # one per ping sent, unless hostile
+        self._events.append(PingAcknowledged(payload))
 
     def cancel(self, stream_id: int) -> None:
         """Give up on a stream (RST_STREAM CANCEL); nothing more of it is told."""

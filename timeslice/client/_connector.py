@@ -13,6 +13,11 @@ connection stays open) is noticed through HTTP/2 pings: while a call is open the
 connection is pinged every `Pings.every` seconds, and closed when a ping goes
 unanswered for `Pings.timeout` seconds; the calls on it then fail UNAVAILABLE
 and are retried on the next candidate.
+
+Beside each candidate's grpclib channel (its streams, and the calls of a client
+that asks for grpclib) the connector keeps an `H2Channel` to the same candidate
+for the hot unary calls (`unary`), with the same credentials and pings, closed
+and replaced with it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from grpclib.events import RecvTrailingMetadata, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
-from timeslice.client._transport import close_channel, open_channel
+from timeslice.api.h2client import H2Channel, StatusError
+from timeslice.client._transport import close_channel, open_channel, open_unary
 from timeslice.errors import InvalidArgumentError, UnavailableError
 from timeslice.ids import Target
 from timeslice.security.tls import ClientTls
@@ -138,13 +144,16 @@ class Connector:
         tls: ClientTls | None,
         token: str | None,
         pings: Pings | None = Pings(),
+        http2: str = "h2core",
     ) -> None:
         if not targets:
             raise InvalidArgumentError("no orchestrator address")
         self._targets, self._tls, self._token, self._pings = targets, tls, token, pings
+        self._http2 = http2
         self._endpoints: list[Endpoint] = []
         self._index: int | None = None  # the candidate of `_channel`, or the next one
         self._channel: Channel | None = None
+        self._unary: H2Channel | None = None  # to the same candidate as `_channel`
         # The active that a refusal received on a channel named (keyed by id: a
         # Channel is not hashable by value, and an entry goes with its channel).
         self._redirects: dict[int, Target] = {}
@@ -177,13 +186,41 @@ class Connector:
                     self._channel = self._open(self._endpoints[self._index])
         return self._channel
 
-    def failed(self, channel: Channel, *, close: bool = False, refused: bool = False) -> None:
+    def unary(self, channel: Channel) -> H2Channel | None:
+        """The `H2Channel` of `channel`'s candidate, for the unary calls that take it
+        (None: the client asked for grpclib's, or `channel` is not the current one)."""
+        if self._http2 != "h2core" or channel is not self._channel or self._index is None:
+            return None
+        if self._unary is None:
+            endpoint = self._endpoints[self._index]
+            tls = self._tls if endpoint.dial.path is None else None
+            name = endpoint.given.host
+            pings = None if self._pings is None else (self._pings.every, self._pings.timeout)
+            # A resolved address is dialled, but TLS checks the name that was given.
+            override = name if tls is not None and name != endpoint.dial.host else None
+            self._unary = open_unary(
+                endpoint.dial, tls, self._token, pings=pings, server_hostname=override
+            )
+        return self._unary
+
+    def failed(
+        self,
+        channel: Channel,
+        *,
+        close: bool = False,
+        refused: bool = False,
+        error: BaseException | None = None,
+    ) -> None:
         """A call on `channel` found its server unreachable (`refused`: it answered,
-        refusing): the next call goes to the next candidate (or to the active a
-        refusal named), on a new connection. A candidate that did not answer is
-        passed over for `SHUN_SEC` while others are left. With a single candidate the
-        channel is kept (grpclib dials it again by itself) unless `close`."""
+        refusing; `error`: what it raised, whose trailers may name the active): the
+        next call goes to the next candidate (or to the active a refusal named), on a
+        new connection. A candidate that did not answer is passed over for `SHUN_SEC`
+        while others are left. With a single candidate the channel is kept (grpclib
+        dials it again by itself) unless `close`."""
         redirect = self._redirects.pop(id(channel), None)
+        if redirect is None and isinstance(error, StatusError):
+            if error.status is Status.UNAVAILABLE:
+                redirect = active_from_metadata(v for k, v in error.trailers if k == ACTIVE_KEY)
         if channel is not self._channel:
             return  # another call moved on already
         assert self._index is not None
@@ -194,6 +231,7 @@ class Connector:
             return
         self._channel = None
         close_channel(channel)
+        self._close_unary()
         if following <= self._index and redirect is None:
             # A round through the list is over: resolve the names again before the next.
             self._endpoints = []
@@ -215,7 +253,7 @@ class Connector:
             yield
         except BaseException as error:
             if unreachable(error):
-                self.failed(channel, refused=answered(error))
+                self.failed(channel, refused=answered(error), error=error)
             raise
 
     async def call(self, send: Callable[[Channel], Awaitable[T]]) -> T:
@@ -230,7 +268,13 @@ class Connector:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             close_channel(channel)
+        self._close_unary()
         self._redirects.clear()
+
+    def _close_unary(self) -> None:
+        if self._unary is not None:
+            unary, self._unary = self._unary, None
+            unary.close()
 
     async def _resolve(self) -> None:
         """The candidates: each target, a name as every address it resolves to."""

@@ -73,13 +73,27 @@ async def call_prepared(
         ) from None
 
 
-def open_unary(target: Target, tls: ClientTls | None, token: str | None) -> H2Channel:
+def open_unary(
+    target: Target,
+    tls: ClientTls | None,
+    token: str | None,
+    pings: tuple[float, float] | None = None,
+    server_hostname: str | None = None,
+) -> H2Channel:
     """An `H2Channel` to `target` for unary calls, with the credentials `open_channel`
-    gives a grpclib channel (TLS on TCP targets only, the bearer token on every call)."""
+    gives a grpclib channel (TLS on TCP targets only, checking `server_hostname` if
+    given, else the target's host; the bearer token on every call), and `pings`
+    (see `timeslice.api.h2client`)."""
     context = tls.context() if tls is not None and target.path is None else None
     metadata = [("authorization", f"Bearer {token}")] if token else []
     return H2Channel(
-        target.host or "", target.port or 0, path=target.path, ssl=context, metadata=metadata
+        target.host or "",
+        target.port or 0,
+        path=target.path,
+        ssl=context,
+        metadata=metadata,
+        pings=pings,
+        server_hostname=server_hostname,
     )
 
 

@@ -19,6 +19,8 @@ from typing import TypeVar
 from grpclib.client import Channel
 
 from timeslice.api import hot
+from timeslice.api.connections import check_http2
+from timeslice.api.h2client import H2Channel
 from timeslice.api.gen.snapshot_agent.v1alpha1 import BackendConfig
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.client._bridge import AcquireCall, OnAccelerators
@@ -126,6 +128,9 @@ class AsyncTimeSliceOrchestratorClient:
     job_id, error)`` is called, on the client's event loop, when a held lease
     is lost; it may be a coroutine function. ``priority`` goes with every
     Acquire: higher is served first in groups under the priority policy.
+    ``http2`` is the HTTP/2 client of Acquire, Yield and KeepAlive: ``"h2core"``
+    (timeslice's own, `timeslice.api.h2client`, with the same pings) or
+    ``"grpclib"``; every other call and stream takes grpclib's.
 
     The client belongs to the event loop it is made or first used on. `close()` stops
     the renewals and the connection; it does not release held locks.
@@ -148,8 +153,10 @@ class AsyncTimeSliceOrchestratorClient:
         credentials_from_env: bool = True,
         ping_every_sec: float | None = DEFAULT_PING_EVERY_SEC,
         ping_timeout_sec: float = DEFAULT_PING_TIMEOUT_SEC,
+        http2: str = "h2core",
     ) -> None:
         targets = parse_targets(target)
+        check_http2(http2)
         self._tls, self._token = credentials(tls, token, credentials_from_env)
         pings = (
             None
@@ -176,7 +183,7 @@ class AsyncTimeSliceOrchestratorClient:
         self._max_backoff_sec = backoff_cap(len(targets))
         # A channel given is used as it is; otherwise the connector moves along the targets.
         self._connector = (
-            Connector(targets, self._tls, self._token, pings) if channel is None else None
+            Connector(targets, self._tls, self._token, pings, http2) if channel is None else None
         )
         self._fixed = None if channel is None else Stub(channel)
         self._stubs: tuple[Channel, Stub] | None = None
@@ -370,9 +377,9 @@ class AsyncTimeSliceOrchestratorClient:
         timeout = timeout_sec or self._call_timeout_sec
         with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
             response = await in_own_task(
-                self._on(
-                    lambda stub: call_prepared(
-                        stub, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
+                self._hot(
+                    lambda via: call_prepared(
+                        via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
                     )
                 )
             )
@@ -578,7 +585,7 @@ class AsyncTimeSliceOrchestratorClient:
             yield
         except BaseException as error:
             if channel is not None and self._connector is not None and unreachable(error):
-                self._connector.failed(channel, refused=answered(error))
+                self._connector.failed(channel, refused=answered(error), error=error)
             raise
 
     async def _on(self, send: Callable[[Stub], Awaitable[R]]) -> R:
@@ -586,6 +593,16 @@ class AsyncTimeSliceOrchestratorClient:
         channel, stub = await self._stub()
         with self._using(channel):
             return await send(stub)
+
+    async def _hot(self, send: Callable[[Stub | H2Channel], Awaitable[R]]) -> R:
+        """`send(via)` of a cycle's call (`call_prepared`) to the current candidate:
+        `via` its `H2Channel`, or the stub on grpclib's client."""
+        channel, stub = await self._stub()
+        unary = None
+        if channel is not None and self._connector is not None:
+            unary = self._connector.unary(channel)
+        with self._using(channel):
+            return await send(unary or stub)
 
     async def _retrying(
         self,
@@ -603,6 +620,30 @@ class AsyncTimeSliceOrchestratorClient:
             timeout = self._call_timeout_sec if left is None else left
             return self._on(lambda stub: send(stub, timeout))
 
+        return await self._retry(what, timeout_sec, attempt, denied)
+
+    async def _retrying_hot(
+        self,
+        what: str,
+        timeout_sec: float | None,
+        send: Callable[[Stub | H2Channel, float], Awaitable[R]],
+        denied: type[TimeSliceError] = PermissionDeniedError,
+    ) -> R:
+        """`_retrying` for a cycle's call, sent through `_hot`."""
+
+        def attempt(left: float | None) -> Awaitable[R]:
+            timeout = self._call_timeout_sec if left is None else left
+            return self._hot(lambda via: send(via, timeout))
+
+        return await self._retry(what, timeout_sec, attempt, denied)
+
+    async def _retry(
+        self,
+        what: str,
+        timeout_sec: float | None,
+        attempt: Callable[[float | None], Awaitable[R]],
+        denied: type[TimeSliceError],
+    ) -> R:
         return await call_with_retry(
             attempt,
             what=what,
@@ -632,8 +673,8 @@ class AsyncTimeSliceOrchestratorClient:
                 more_group_ids=list(more),
             )
             timeout = None if left is None else _acquire_deadline(max(left, 0.0))
-            return self._on(
-                lambda stub: call_prepared(stub, _ACQUIRE, request, pb.AcquireResponse, timeout)
+            return self._hot(
+                lambda via: call_prepared(via, _ACQUIRE, request, pb.AcquireResponse, timeout)
             )
 
         response = await call_with_retry(
@@ -685,12 +726,10 @@ class AsyncTimeSliceOrchestratorClient:
         try:
             # A Yield by a job that does not hold the lock is answered PERMISSION_DENIED
             # (FAILED_PRECONDITION by older servers): NotHolderError either way.
-            response = await self._retrying(
+            response = await self._retrying_hot(
                 f"Yield({group}/{job})",
                 timeout_sec,
-                lambda stub, timeout: call_prepared(
-                    stub, _YIELD, request, pb.YieldResponse, timeout
-                ),
+                lambda via, timeout: call_prepared(via, _YIELD, request, pb.YieldResponse, timeout),
                 denied=NotHolderError,
             )
         except (ConflictError, NotFoundError):
@@ -724,9 +763,9 @@ class AsyncTimeSliceOrchestratorClient:
         )
         with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
             return await in_own_task(
-                self._on(
-                    lambda stub: call_prepared(
-                        stub, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
+                self._hot(
+                    lambda via: call_prepared(
+                        via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
                     )
                 )
             )

@@ -83,11 +83,10 @@ class StatusError(GRPCError):
 class _Call:
     """One call's answer as it arrives."""
 
-    __slots__ = ("done", "failed", "body", "status", "message", "metadata", "max_reply")
+    __slots__ = ("done", "body", "status", "message", "metadata", "max_reply")
 
     def __init__(self, max_reply: int) -> None:
         self.done = asyncio.get_running_loop().create_future()
-        self.failed: BaseException | None = None
         self.body = bytearray()
         self.status: Status | None = None
         self.message = ""
@@ -178,6 +177,7 @@ class _Link(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._write()
 
     def data_received(self, data: bytes) -> None:

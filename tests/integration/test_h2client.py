@@ -198,6 +198,7 @@ Answer = Callable[[h2.connection.H2Connection, int, int], None]
 @dataclass
 class Fake:
     port: int
+    channel: H2Channel  # to it, closed at the end
     made: list[int] = field(default_factory=list)  # the connections, numbered from 0
 
 
@@ -236,11 +237,11 @@ async def raw_server(handle: Handler) -> AsyncIterator[int]:
 async def fake_server(answer: Answer) -> AsyncIterator[Fake]:
     """A server that calls `answer(connection, stream_id, nth_connection)` on each
     request it has read whole."""
-    fake = Fake(port=0)
+    made: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nth = len(fake.made)
-        fake.made.append(nth)
+        nth = len(made)
+        made.append(nth)
         conn = h2.connection.H2Connection(
             h2.config.H2Configuration(
                 client_side=False, validate_outbound_headers=False, header_encoding="utf-8"
@@ -258,8 +259,11 @@ async def fake_server(answer: Answer) -> AsyncIterator[Fake]:
             pass
 
     async with raw_server(handle) as port:
-        fake.port = port
-        yield fake
+        fake = Fake(port, H2Channel("127.0.0.1", port), made)
+        try:
+            yield fake
+        finally:
+            fake.channel.close()
 
 
 GRPC = [(":status", "200"), ("content-type", "application/grpc")]
@@ -290,13 +294,9 @@ def answers(headers: list[tuple[str, str]], body: bytes, trailers: list[tuple[st
 )
 async def test_an_answer_that_is_not_good_grpc_is_an_error(answer: Answer, status: Status) -> None:
     async with fake_server(answer) as fake:
-        channel = H2Channel("127.0.0.1", fake.port)
-        try:
-            with pytest.raises(GRPCError) as error:
-                await channel.unary(ECHO, b"", 5)
-            assert error.value.status is status
-        finally:
-            channel.close()
+        with pytest.raises(GRPCError) as error:
+            await fake.channel.unary(ECHO, b"", 5)
+        assert error.value.status is status
 
 
 async def test_a_call_the_server_refused_unprocessed_is_sent_again_once() -> None:
@@ -309,23 +309,15 @@ async def test_a_call_the_server_refused_unprocessed_is_sent_again_once() -> Non
             answers(GRPC, b"\0\0\0\0\x02ok", [("grpc-status", "0")])(conn, sid, nth)
 
     async with fake_server(refuse_on_the_first_connection) as fake:
-        channel = H2Channel("127.0.0.1", fake.port)
-        try:
-            assert await channel.unary(ECHO, b"", 5) == b"ok"
-            assert fake.made == [0, 1]
-        finally:
-            channel.close()
+        assert await fake.channel.unary(ECHO, b"", 5) == b"ok"
+        assert fake.made == [0, 1]
 
     def always_refuse(conn: h2.connection.H2Connection, sid: int, nth: int) -> None:
         conn.reset_stream(sid, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
 
     async with fake_server(always_refuse) as fake:
-        channel = H2Channel("127.0.0.1", fake.port)
-        try:
-            with pytest.raises(ConnectionError, match="refused the call twice"):
-                await channel.unary(ECHO, b"", 5)
-        finally:
-            channel.close()
+        with pytest.raises(ConnectionError, match="refused the call twice"):
+            await fake.channel.unary(ECHO, b"", 5)
 
 
 async def test_a_reset_or_a_broken_server_fails_the_call_not_the_client() -> None:
@@ -333,12 +325,8 @@ async def test_a_reset_or_a_broken_server_fails_the_call_not_the_client() -> Non
         conn.reset_stream(sid, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
 
     async with fake_server(reset) as fake:
-        channel = H2Channel("127.0.0.1", fake.port)
-        try:
-            with pytest.raises(StreamTerminatedError, match="INTERNAL_ERROR"):
-                await channel.unary(ECHO, b"", 5)
-        finally:
-            channel.close()
+        with pytest.raises(StreamTerminatedError, match="INTERNAL_ERROR"):
+            await fake.channel.unary(ECHO, b"", 5)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
@@ -394,12 +382,8 @@ async def test_pings_keep_a_long_call_and_leave_a_server_that_stops_answering() 
 async def test_a_refusal_keeps_its_trailers() -> None:
     refusal = [("grpc-status", "14"), ("grpc-message", "a standby"), ("timeslice-active", "h:1")]
     async with fake_server(answers(GRPC, b"", refusal)) as fake:
-        channel = H2Channel("127.0.0.1", fake.port)
-        try:
-            with pytest.raises(StatusError) as error:
-                await channel.unary(ECHO, b"", 5)
-            assert error.value.status is Status.UNAVAILABLE
-            assert error.value.message == "a standby"
-            assert ("timeslice-active", "h:1") in error.value.trailers
-        finally:
-            channel.close()
+        with pytest.raises(StatusError) as error:
+            await fake.channel.unary(ECHO, b"", 5)
+        assert error.value.status is Status.UNAVAILABLE
+        assert error.value.message == "a standby"
+        assert ("timeslice-active", "h:1") in error.value.trailers

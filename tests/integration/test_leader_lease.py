@@ -6,12 +6,15 @@ commits nothing: its append fails and it steps down."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
 
+from tests.faults.proxy import Proxy
 from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.journal import SqlJournal
@@ -23,6 +26,25 @@ pytestmark = [
 ]
 LEASE = 0.6
 EVENT = ev.Acquire(now=1.0, group="g", job="a", call_id="0.1")
+
+
+@contextlib.asynccontextmanager
+async def through_a_proxy(
+    database: str, lease: float
+) -> AsyncIterator[tuple[Proxy, SqlJournal, list[JournalClaimLostError]]]:
+    """A journal with `lease` whose database is reached through a proxy the test can
+    cut; the claims it lost."""
+    url = sa.engine.make_url(database)
+    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+    await proxy.start()
+    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    lost: list[JournalClaimLostError] = []
+    journal = SqlJournal(through, leader_lease=lease, on_claim_lost=lost.append)
+    try:
+        yield proxy, journal, lost
+    finally:
+        await journal.close()
+        await proxy.close()
 
 
 async def test_a_standby_takes_over_an_expired_lease_and_fences_the_deposed_writer(
@@ -109,15 +131,7 @@ async def test_an_active_cut_off_from_the_database_steps_down_within_its_lease(
     """A partition (a proxy that stops passing bytes, its connections left open):
     the active's renewal gets no answer, it steps down, and its close does not hang
     on the database it cannot reach."""
-    from tests.faults.proxy import Proxy
-
-    url = sa.engine.make_url(database)
-    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
-    await proxy.start()
-    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    lost: list[JournalClaimLostError] = []
-    journal = SqlJournal(through, leader_lease=LEASE, on_claim_lost=lost.append)
-    try:
+    async with through_a_proxy(database, LEASE) as (proxy, journal, lost):
         await journal.open()
         await journal.append([EVENT])
         proxy.cut()
@@ -129,9 +143,6 @@ async def test_an_active_cut_off_from_the_database_steps_down_within_its_lease(
         closing = time.monotonic()
         await journal.close()
         assert time.monotonic() - closing < 4  # each wait on the database is bounded
-    finally:
-        await journal.close()
-        await proxy.close()
 
 
 async def test_an_active_whose_database_stalls_for_less_than_its_lease_stays_active(
@@ -140,16 +151,8 @@ async def test_an_active_whose_database_stalls_for_less_than_its_lease_stays_act
     """A database that answers nothing for a while (a busy host, its connections
     kept): a renewal gets no answer in time, the active tries again while its lease
     holds, and once the database answers it is still the active, same epoch."""
-    from tests.faults.proxy import Proxy
-
     lease = 3.0  # renewed every 1 s, each renewal waits 1 s at most; held 2.7 s
-    url = sa.engine.make_url(database)
-    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
-    await proxy.start()
-    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    lost: list[JournalClaimLostError] = []
-    journal = SqlJournal(through, leader_lease=lease, on_claim_lost=lost.append)
-    try:
+    async with through_a_proxy(database, lease) as (proxy, journal, lost):
         await journal.open()
         await journal.append([EVENT])
         assert journal._lease is not None
@@ -166,6 +169,3 @@ async def test_an_active_whose_database_stalls_for_less_than_its_lease_stays_act
         assert lost == []
         assert "renewing the leader lease failed" in caplog.text  # it did stall
         assert journal.epoch == 1 and await journal.append([EVENT]) == 2
-    finally:
-        await journal.close()
-        await proxy.close()

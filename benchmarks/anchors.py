@@ -10,6 +10,11 @@ The three servers run at once, each in a process of its own, all durable:
          and Yield.
   ours-grpclib  the same orchestrator on grpclib's HTTP/2 server
          (`http2="grpclib"`); its rows are against etcd's.
+  ours-client  the same orchestrator as `ours`, its jobs calling it through
+         timeslice's own client (`AsyncTimeSliceOrchestratorClient`: its Acquire
+         and Yield on `timeslice.api.h2client`), one client (and connection) per
+         job; its rows are against etcd's. `ours` and `ours-grpclib` are called
+         through plain grpclib stubs, as etcd is.
   etcd   etcd 3.4 (Debian's etcd-server), one member, its write-ahead log fsynced
          before a write is answered; a lock is etcd's v3lock service (Lock with
          a lease, Unlock with the key it returned), called through grpclib as
@@ -47,12 +52,14 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import math
+import os
 import multiprocessing
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -84,24 +91,83 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.cycles import figures, settled  # noqa: E402
 from benchmarks.handoff import acquire_yield, measure_handoffs  # noqa: E402
+from timeslice.client import AsyncTimeSliceOrchestratorClient  # noqa: E402
 
 BASELINES = ("etcd", "redis")
-# Ours twice: on our own HTTP/2 server (the default) and on grpclib's (`http2="grpclib"`).
-OURS = {"ours": "h2core", "ours-grpclib": "grpclib"}
+# Ours three times: on our own HTTP/2 server (the default) and on grpclib's
+# (`http2="grpclib"`), called through grpclib stubs; and on our own, called through
+# timeslice's client (a lock of `OurLock`, as the baselines' locks are driven).
+OURS = {"ours": "h2core", "ours-grpclib": "grpclib", "ours-client": "h2core"}
+STUBBED = ("ours", "ours-grpclib")
 HANDOFF_LOCK = "handoff"
 # Seconds the cycle loops have to end their cycles once a window closes.
 DRAIN_S = 10.0
-Lock = EtcdLock | RedisLock
+
+
+class OurConnection:
+    """A job's "connection" to ours through timeslice's client: the address its
+    clients dial (each `OurLock` is a client of its own, with its own connection),
+    and those clients, closed with it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.clients: list[AsyncTimeSliceOrchestratorClient] = []
+
+
+class OurLock:
+    """Ours as a lock, through timeslice's own client: a group, Acquire and release
+    (Yield), no lease."""
+
+    def __init__(self, connection: OurConnection, name: str) -> None:
+        self._client = AsyncTimeSliceOrchestratorClient(
+            connection.address,
+            f"job-{os.getpid()}-{next(_OUR_JOBS)}",
+            name,
+            lease_ttl_sec=None,
+            call_timeout_sec=30,
+        )
+        connection.clients.append(self._client)
+
+    async def acquire(self) -> None:
+        await self._client.acquire()
+
+    async def release(self) -> None:
+        await self._client.release()
+
+    async def contenders(self) -> int:
+        group = (await self._client.get_status()).group
+        return 1 + len(group.waiting_jobs) if group is not None else 0
+
+
+_OUR_JOBS = itertools.count()
+
+
+@contextlib.asynccontextmanager
+async def our_connection(address: str) -> AsyncIterator[OurConnection]:
+    connection = OurConnection(address)
+    try:
+        yield connection
+    finally:
+        for client in connection.clients:
+            await client.close()
+
+
+Lock = EtcdLock | RedisLock | OurLock
 
 # --- the baselines' handoff -------------------------------------------------------------------
 
 
 def connector(system: str) -> Connect:
-    """How a job connects to `system`: a gRPC channel, or a Redis connection."""
+    """How a job connects to `system`: a gRPC channel, a Redis connection, or (ours
+    through its client) the address its clients dial."""
+    if system == "ours-client":
+        return our_connection
     return redis_connection if system == "redis" else channel
 
 
 def lock_of(system: str, connection: Any, name: str) -> Lock:
+    if system == "ours-client":
+        return OurLock(connection, name)
     return RedisLock(connection, name) if system == "redis" else EtcdLock(connection, name)
 
 
@@ -177,7 +243,7 @@ def wait_for_lock(conn: Connection, system: str, address: str) -> None:
 async def handoffs(
     system: str, server: Any, samples: int, warmup: int, settle: float
 ) -> list[float]:
-    if system in OURS:
+    if system in STUBBED:
         return (await measure_handoffs(server.address, samples, warmup, settle)).latency
     return await measure_baseline_handoffs(system, server.address, samples, warmup, settle)
 
@@ -212,7 +278,7 @@ async def cycles(
 ) -> Rate:
     """The loops `loops`: `args.jobs` jobs in `args.groups` groups looping on
     `system`'s locks, at most `per_connection` jobs on one connection."""
-    if system in OURS:
+    if system in STUBBED:
         rate = await measure_rate(server.address, args.jobs, acquire_yield(args.groups),
                                   warmup=args.cycle_warmup, window=args.window, server=server,
                                   per_connection=per_connection,
@@ -235,7 +301,8 @@ def layouts(system: str, shared: int) -> dict[str, int]:
     """The cycle loops run on `system`, by their figures' prefix: jobs per connection
     (a blocked Redis connection serves no one else: one job each there)."""
     own = {"cycles": 1}
-    return own if system == "redis" else {**own, "shared_cycles": shared}
+    # Ours through its client: a client per job, so a connection each only.
+    return own if system in ("redis", "ours-client") else {**own, "shared_cycles": shared}
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -321,6 +388,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "window_s": args.window,
             "ours": "orchestrator, SQLite journal on disk, WAL, synchronous=FULL",
             "ours-grpclib": "the same, on grpclib's HTTP/2 server (http2=grpclib)",
+            "ours-client": "the same as ours, called through timeslice's client",
             "etcd": "one member, data dir in a temp dir, WAL fsynced (its default); v3lock",
             "redis": "appendonly yes, appendfsync always, no RDB saves; BLPOP/LPUSH token",
         },
@@ -360,6 +428,7 @@ def summary(r: dict[str, Any]) -> list[Row]:
     for own, baselines, on in (
         ("ours", BASELINES, ""),
         ("ours-grpclib", ("etcd",), ", on grpclib"),
+        ("ours-client", ("etcd",), ", through timeslice's client"),
     ):
         ours = r["systems"].get(own, {"skipped": "not measured"})
         if "skipped" in ours:
@@ -381,6 +450,8 @@ def summary(r: dict[str, Any]) -> list[Row]:
                     other.get("handoff_p99_ms", math.nan), "ms", what),
             ]  # fmt: skip
             for prefix in layouts(name, p["per_connection"]):
+                if f"{prefix}_per_s" not in ours:
+                    continue  # a layout this one of ours does not run
                 rows += cycle_rows(p, ours, other, label, what, prefix, on)
     return rows
 

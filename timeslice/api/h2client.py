@@ -46,6 +46,7 @@ from timeslice.api.h2core import (
     ResponseReceived,
     StreamReset,
     TrailersReceived,
+    code_name,
     header_block,
 )
 
@@ -323,11 +324,7 @@ def _retrieved(future: asyncio.Future[_Link]) -> None:
 def _reset_error(code: int) -> BaseException:
     if code == ErrorCode.REFUSED_STREAM:
         return _Refused()
-    try:
-        name = ErrorCode(code).name
-    except ValueError:
-        name = f"error {code}"
-    return StreamTerminatedError(f"the stream was reset ({name})")
+    return StreamTerminatedError(f"the stream was reset ({code_name(code)})")
 
 
 def grpc_timeout(seconds: float) -> str:

@@ -323,6 +323,8 @@ class _Connection:
     _COUNT_RESETS = False
     #: Whether this end waits for the client's connection preface (a server).
     _READS_PREFACE = False
+    #: What this end is, in the reason of a GOAWAY it sends by `close`.
+    _ROLE = "client"
 
     def __init__(self, limits: Limits | None = None, clock: Callable[[], float] | None = None):
         self.limits = limits or Limits()
@@ -772,6 +774,10 @@ class _Connection:
                 return
             self._flush(stream)
 
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
+        """End the connection with GOAWAY; every stream still open ends with it."""
+        self._close(code, reason or f"the {self._ROLE} is closing", by_peer=False)
+
     def _reset(self, stream_id: int, code: ErrorCode, by_peer: bool) -> None:
         if self._streams.pop(stream_id, None) is not None:
             self._events.append(StreamReset(stream_id, int(code), by_peer))
@@ -807,6 +813,7 @@ class ServerConnection(_Connection):
 
     _COUNT_RESETS = True
     _READS_PREFACE = True
+    _ROLE = "server"
 
     def _start(self) -> None:
         self._initiate(self.limits.max_streams)
@@ -844,10 +851,6 @@ class ServerConnection(_Connection):
         self._headers(stream_id, trailers, True)
         self._local_ended(stream)
 
-    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
-        """End the connection with GOAWAY; every stream still open ends with it."""
-        self._close(code, reason or "the server is closing", by_peer=False)
-
     def go_away(self) -> None:
         """Tell the client no new stream will be taken (GOAWAY, NO_ERROR), and let
         the streams under way finish; `close` afterwards."""
@@ -866,10 +869,7 @@ class ServerConnection(_Connection):
         if stream is not None:  # trailers: the end of what the client sends
             if not stream.remote_open:
                 raise _StreamViolation(ErrorCode.STREAM_CLOSED, "HEADERS after the end")
-            if not ended:
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
-            if any(name.startswith(":") for name, _ in headers):
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
+            _check_trailers(ended, headers)
             stream.remote_open = False
             self._events.append(StreamEnded(stream_id))
             return
@@ -969,10 +969,6 @@ class ClientConnection(_Connection):
         if self._streams.pop(stream_id, None) is not None:
             self._out += _rst(stream_id, ErrorCode.CANCEL)
 
-    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, reason: str = "") -> None:
-        """End the connection with GOAWAY; every stream still open ends with it."""
-        self._close(code, reason or "the client is closing", by_peer=False)
-
     def _headers_received(
         self, stream_id: int, ended: bool, headers: list[tuple[str, str]]
     ) -> None:
@@ -989,10 +985,7 @@ class ClientConnection(_Connection):
             stream.headers_received = True
             self._events.append(ResponseReceived(stream_id, headers, ended))
         else:
-            if not ended:
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
-            if any(name.startswith(":") for name, _ in headers):
-                raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
+            _check_trailers(ended, headers)
             self._events.append(TrailersReceived(stream_id, headers))
         if ended:
             stream.remote_open = False
@@ -1013,7 +1006,7 @@ class ClientConnection(_Connection):
         """GOAWAY: with an error, the connection is over; with NO_ERROR the server
         finishes the streams up to `last` and refuses (unprocessed) those above."""
         if code != ErrorCode.NO_ERROR:
-            self._close(code, f"the server went away ({_code_name(code)})", by_peer=True)
+            self._close(code, f"the server went away ({code_name(code)})", by_peer=True)
             return
         self._going_away = True
         for stream_id in [sid for sid in self._streams if sid > last]:
@@ -1032,7 +1025,16 @@ def _unpadded(flags: int, payload: bytes) -> bytes:
     return payload[1 : len(payload) - pad]
 
 
-def _code_name(code: int) -> str:
+def _check_trailers(ended: bool, headers: list[tuple[str, str]]) -> None:
+    """Trailers end their stream and carry no pseudo-header (RFC 9113 8.1)."""
+    if not ended:
+        raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
+    if any(name.startswith(":") for name, _ in headers):
+        raise _StreamViolation(ErrorCode.PROTOCOL_ERROR, "a pseudo-header in trailers")
+
+
+def code_name(code: int) -> str:
+    """The name of an HTTP/2 error code ("error N" for one RFC 9113 does not name)."""
     try:
         return ErrorCode(code).name
     except ValueError:

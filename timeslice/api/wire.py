@@ -118,8 +118,8 @@ def _flat_plan(message_type: type[Any]) -> _FlatPlan | None:
             break
         assert plan is not None
         plan[field.number] = (name, kind, field.repeated, nested, field.group)
-        limit = MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS) if field.repeated or kind == "map" else 0
-        check = (text_problem if name in TEXT_FIELDS else id_problem) if kind == "string" else None
+        limit = _item_limit(name) if field.repeated or kind == "map" else 0
+        check = _string_check(name) if kind == "string" else None
         if limit or check is not None:
             bounds[name] = (limit, check, field.repeated)
     if "__post_init__" in vars(message_type):
@@ -276,6 +276,16 @@ def _map_entry(message_type: type[Any], data: memoryview) -> tuple[str, str]:
     return key, value
 
 
+def _item_limit(name: str) -> int:
+    """The most items the list or map field `name` may hold."""
+    return MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS)
+
+
+def _string_check(name: str) -> Callable[[str], str | None]:
+    """The check of the string field `name`: free text, or an id."""
+    return text_problem if name in TEXT_FIELDS else id_problem
+
+
 def _check_bounds(message: Any, path: str) -> None:
     meta = message._betterproto
     for name, field in meta.meta_by_field_name.items():
@@ -284,7 +294,7 @@ def _check_bounds(message: Any, path: str) -> None:
             continue
         where = f"{path}.{name}"
         if field.repeated or field.proto_type == "map":
-            limit = MAX_ITEMS_BY_FIELD.get(name, MAX_ITEMS)
+            limit = _item_limit(name)
             if len(value) > limit:
                 raise ValueError(f"{where} has more than {limit} items")
             items = value
@@ -301,7 +311,7 @@ def _check_bounds(message: Any, path: str) -> None:
                     _check_bounds(item, where)
             continue
         if field.proto_type == "string":
-            check = text_problem if name in TEXT_FIELDS else id_problem
+            check = _string_check(name)
             for item in items:
                 if (problem := check(item)) is not None:
                     raise ValueError(f"{where} {problem}")

@@ -193,11 +193,8 @@ class Connector:
             return None
         if self._unary is None:
             endpoint = self._endpoints[self._index]
-            tls = self._tls if endpoint.dial.path is None else None
-            name = endpoint.given.host
+            tls, override = self._tls_of(endpoint)
             pings = None if self._pings is None else (self._pings.every, self._pings.timeout)
-            # A resolved address is dialled, but TLS checks the name that was given.
-            override = name if tls is not None and name != endpoint.dial.host else None
             self._unary = open_unary(
                 endpoint.dial, tls, self._token, pings=pings, server_hostname=override
             )
@@ -301,11 +298,16 @@ class Connector:
         if self._index is not None and self._index >= len(endpoints):
             self._index = 0
 
-    def _open(self, endpoint: Endpoint) -> Channel:
+    def _tls_of(self, endpoint: Endpoint) -> tuple[ClientTls | None, str | None]:
+        """The TLS of a connection to `endpoint` (None on a Unix socket), and the name
+        its certificate is checked against when it is not the address dialled: a
+        resolved address is dialled, but TLS checks the name that was given."""
         tls = self._tls if endpoint.dial.path is None else None
         name = endpoint.given.host
-        # A resolved address is dialled, but TLS checks the name that was given.
-        override = name if tls is not None and name != endpoint.dial.host else None
+        return tls, (name if tls is not None and name != endpoint.dial.host else None)
+
+    def _open(self, endpoint: Endpoint) -> Channel:
+        tls, override = self._tls_of(endpoint)
         config = None
         if self._pings is not None:
             config = self._pings.configuration(ssl_target_name_override=override)

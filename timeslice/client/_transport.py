@@ -84,7 +84,7 @@ def open_unary(
     gives a grpclib channel (TLS on TCP targets only, checking `server_hostname` if
     given, else the target's host; the bearer token on every call), and `pings`
     (see `timeslice.api.h2client`)."""
-    context = tls.context() if tls is not None and target.path is None else None
+    context = tls_context(target, tls)
     metadata = [("authorization", f"Bearer {token}")] if token else []
     return H2Channel(
         target.host or "",
@@ -95,6 +95,12 @@ def open_unary(
         pings=pings,
         server_hostname=server_hostname,
     )
+
+
+def tls_context(target: Target, tls: ClientTls | None) -> ssl.SSLContext | None:
+    """The TLS context a connection to `target` takes: `tls`'s, on TCP targets only
+    (a Unix socket is local, and its peer credentials say who calls)."""
+    return tls.context() if tls is not None and target.path is None else None
 
 
 def credentials(
@@ -120,7 +126,7 @@ def open_channel(
     socket is local, and its peer credentials say who calls), with
     `authorization: Bearer <token>` on every call and stream when `token` is;
     `config`: grpclib's (pings, the TLS server name)."""
-    context = tls.context() if tls is not None and target.path is None else None
+    context = tls_context(target, tls)
     channel = Channel(target.host, target.port, path=target.path, ssl=context, config=config)
     _coalesce_writes(channel)
     if token:

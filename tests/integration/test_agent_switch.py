@@ -42,6 +42,7 @@ from orchestrator_wire import split_address
 
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
 from tests.waiting import until
+from timeslice.agent import state as st
 from timeslice.agent.server import Agent
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import BackendContext
@@ -532,13 +533,19 @@ async def test_status_says_whether_each_jobs_workload_is_alive(agent: Agent, stu
 async def test_a_workload_lost_while_its_registration_is_saved_is_reported_gone(
     agent: Agent, stub: Stub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    save = agent._store.save
+    apply = agent.engine.apply
 
-    async def slow_save(data: dict[str, Any]) -> None:
-        await asyncio.sleep(0.3)
-        await save(data)
+    def slowly_saved(event: st.Event) -> asyncio.Future[None]:
+        """`event` applied, its save told to its caller 0.3 s late."""
+        saved = apply(event)
 
-    monkeypatch.setattr(agent._store, "save", slow_save)
+        async def late() -> None:
+            await asyncio.sleep(0.3)
+            await saved
+
+        return asyncio.ensure_future(late())
+
+    monkeypatch.setattr(agent.engine, "apply", slowly_saved)
     # Registered in the table (and listed), its registration still being saved.
     async with connected(agent, "w", settle=False) as job:
         job.drop()

@@ -1046,7 +1046,7 @@ def test_a_limited_copy_keeps_every_pending_and_the_newest_finished_operations(
     assert [o["op_id"] for o in t.table.to_dict(finished=0)["operations"]] == ["op-1"]
 
 
-def test_the_saved_text_is_the_limited_copy_and_encodes_each_finished_operation_once(
+def test_the_saved_text_is_the_limited_copy_and_encodes_each_operation_once_per_status(
     t: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import timeslice.agent.state as state_module
@@ -1072,4 +1072,8 @@ def test_the_saved_text_is_the_limited_copy_and_encodes_each_finished_operation_
         restored.validate()
     encoded.clear()
     t.table.encode(finished=2)
-    assert encoded == ["op-1"]  # the pending one only: the finished ones are kept as text
+    assert encoded == []  # nothing changed since: every text is kept
+    t.handle(Finish(now=9.0, op_id="op-1", ok=True))
+    text = t.table.encode(finished=2)
+    assert encoded == ["op-1"]  # the one that ended, once more
+    assert json.loads(text) == json.loads(json.dumps(t.table.to_dict(finished=2)))

@@ -549,6 +549,12 @@ class JobTableMachine(RuleBasedStateMachine):
             assert op is None or op == ended, (ended, op)
 
     @invariant()
+    def the_saved_text_is_the_table(self) -> None:
+        # Encoded after every step: texts kept from one save to the next must follow
+        # every change (an operation that ends, a job that moves).
+        assert json.loads(self.table.encode(finished=4)) == self.table.to_dict(finished=4)
+
+    @invariant()
     def a_saved_context_is_remembered(self) -> None:
         for key in self.saved:
             assert self.table.jobs[key].state is not R, key

@@ -43,7 +43,7 @@ async def test_a_saved_table_loads_back_equal(url: str | None) -> None:
     store = StateStore(url)
     await store.open()
     try:
-        await store.save(document)
+        store.save(document)
         loaded = await store.load()
         assert loaded == document
         assert JobTable.from_dict(loaded).to_dict() == document
@@ -55,8 +55,8 @@ async def test_a_save_replaces_the_last_one(url: str | None) -> None:
     store = StateStore(url)
     await store.open()
     try:
-        await store.save({"version": 1})
-        await store.save(job_table_document())
+        store.save({"version": 1})
+        store.save(job_table_document())
         assert await store.load() == job_table_document()
     finally:
         await store.close()
@@ -67,7 +67,7 @@ async def test_what_was_saved_does_not_change_with_the_callers_dict(url: str | N
     store = StateStore(url)
     await store.open()
     try:
-        await store.save(document)
+        store.save(document)
         document["jobs"].clear()
         loaded = await store.load()
         assert loaded is not None and len(loaded["jobs"]) == 2
@@ -80,7 +80,7 @@ async def test_a_file_store_survives_close_and_reopen(tmp_path: Path) -> None:
     document = job_table_document()
     first = StateStore(f"sqlite:///{path}")
     await first.open()
-    await first.save(document)
+    first.save(document)
     await first.close()
 
     second = StateStore(f"sqlite:///{path}")
@@ -100,7 +100,7 @@ async def test_a_bare_path_is_an_sqlite_file(tmp_path: Path) -> None:
     store = StateStore(str(path))
     await store.open()
     try:
-        await store.save({"epoch": 3})
+        store.save({"epoch": 3})
     finally:
         await store.close()
     again = StateStore(f"sqlite:///{path}")
@@ -114,7 +114,7 @@ async def test_a_bare_path_is_an_sqlite_file(tmp_path: Path) -> None:
 async def test_open_and_close_are_idempotent(tmp_path: Path) -> None:
     store = StateStore(f"sqlite:///{tmp_path / 'agent.db'}")
     await store.open()
-    await store.save({"epoch": 1})
+    store.save({"epoch": 1})
     await store.open()
     assert await store.load() == {"epoch": 1}
     await store.close()

@@ -84,7 +84,7 @@ async def test_an_agents_job_table_is_readable_by_the_owner_only(tmp_path: Path)
     store = StateStore(str(path))
     await store.open()
     try:
-        await store.save({"epoch": 1})
+        store.save({"epoch": 1})
         files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
         assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}
         assert (mode(path.parent), mode(tmp_path)) == (0o700, 0o755)
@@ -226,7 +226,7 @@ async def test_an_agents_job_table_of_a_newer_schema_is_refused(tmp_path: Path) 
     path = tmp_path / "agent.db"
     store = StateStore(str(path))
     await store.open()
-    await store.save({"epoch": 1})
+    store.save({"epoch": 1})
     await store.close()
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT value FROM agent_meta").fetchall() == [("2",)]
@@ -286,14 +286,14 @@ async def test_an_agents_full_disk_says_so(tmp_path: Path) -> None:
     store = StateStore(str(path))
     await store.open()
     try:
-        await store.save({"epoch": 1})
+        store.save({"epoch": 1})
         assert store._writer is not None  # the connection the saves are written on
         raw = store._writer.connection.dbapi_connection
         assert raw is not None
         pages = raw.execute("PRAGMA page_count").fetchone()[0]
         raw.execute(f"PRAGMA max_page_count = {pages}")
         with pytest.raises(JournalError, match=r"job table .*: the disk is full"):
-            await store.save({"epoch": 2, "pad": "x" * 200_000})
+            store.save({"epoch": 2, "pad": "x" * 200_000})
         assert await store.load() == {"epoch": 1}
     finally:
         await store.close()

@@ -92,6 +92,8 @@ class WorkloadChannel:
     outbox: asyncio.Queue[Command | None] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[Result]] = field(default_factory=dict)
     closed: str = ""  # why, once closed
+    # Whether it closed with a command in flight: its context was being moved.
+    interrupted: bool = False
     # Commands given up on unanswered: id -> (kind, the state before the command).
     overdue: dict[str, tuple[str, str]] = field(default_factory=dict)
     failure: Exception | None = None  # the error the stream ends with, if the workload broke it
@@ -151,6 +153,7 @@ class WorkloadChannel:
         self.outbox.put_nowait(None)
         for waiting in self.pending.values():
             if not waiting.done():
+                self.interrupted = True
                 waiting.set_exception(UnavailableError(f"workload channel closed: {reason}"))
 
 

@@ -3,8 +3,11 @@
 Every change goes the same way as in the orchestrator: the pure `JobTable`
 handles the event (or refuses it), the table is saved, and only then are the
 effects carried out: an operation started on its backend, a waiting
-`GetOperation` answered. Saves are coalesced: one write covers every change
-made while the previous write was under way. One timer, set for the table's
+`GetOperation` answered. Saves are coalesced: a save is due two turns of the
+loop after the first change not saved, and one write covers every change made
+until then. The write is synchronous (an append to SQLite's WAL, see
+`timeslice.agent.store`), so a save is a callback of the loop, not a task, and
+nothing runs between a write and its effects. One timer, set for the table's
 next deadline, fails operations that overrun it.
 """
 
@@ -56,8 +59,7 @@ class AgentEngine:
         self.changed = asyncio.Event()
         self._waiting: list[asyncio.Future[None]] = []
         self._effects: list[st.Effect] = []
-        self._saver: asyncio.Task[None] | None = None
-        self._writing: asyncio.Future[Any] | None = None  # the changes the write under way saves
+        self._saving: asyncio.Handle | None = None  # the save to come
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running operations
         self._background: set[asyncio.Task[None]] = set()
         self.reconciling: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -73,7 +75,7 @@ class AgentEngine:
     @property
     def saved(self) -> bool:
         """Whether every change made so far is saved (no write pending or under way)."""
-        return self._saver is None
+        return self._saving is None
 
     def apply(self, event: st.Event) -> asyncio.Future[None]:
         """Handle `event`; the future resolves once the table is saved and the
@@ -82,11 +84,14 @@ class AgentEngine:
         for effect in effects:
             if isinstance(effect, st.Done) and (ended := self._ended.pop(effect.op_id, None)):
                 ended.set()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
         self._effects += effects
         self._waiting.append(done)
-        if self._saver is None:
-            self._saver = asyncio.get_running_loop().create_task(self._save())
+        if self._saving is None:
+            # Two turns of the loop first, so that what is decided in the same moment
+            # (a switch starting its restore as its snapshot ends) joins this write.
+            self._saving = loop.call_soon(self._save_soon)
         return done
 
     async def stop(self) -> None:
@@ -96,8 +101,9 @@ class AgentEngine:
             self.apply(
                 st.Finish(now=time.time(), op_id=op_id, ok=False, error="the agent shut down")
             )
-        if self._saver is not None:
-            await asyncio.gather(self._saver, return_exceptions=True)
+        if self._saving is not None:
+            self._saving.cancel()
+            self._save()
         self.closed, self.serving = True, False
         if self._timer is not None:
             self._timer.cancel()
@@ -111,31 +117,32 @@ class AgentEngine:
         for event in self._done.values():
             event.set()
 
-    async def _save(self) -> None:
-        try:
-            # One turn of the loop first, so that what is decided in the same moment
-            # (a switch starting its restore as its snapshot ends) joins this write.
-            await asyncio.sleep(0)
-            while self._waiting:
-                waiting, self._waiting = self._waiting, []
-                effects, self._effects = self._effects, []
-                self._writing = asyncio.gather(*waiting, return_exceptions=True)
-                try:
-                    await self._store.save(self.table.encode(finished=SAVED_OPERATIONS))
-                except Exception as exc:
-                    log.error("saving the job table failed: %s", exc)
-                    error = UnavailableError(f"the agent could not save its job table: {exc}")
-                    for done in waiting:
-                        done.set_exception(error)
-                    continue
-                self._act(effects)
+    def _save_soon(self) -> None:
+        self._saving = asyncio.get_running_loop().call_soon(self._save)
+
+    def _save(self) -> None:
+        """Save the table once for every change made since the last save, then act on
+        the changes' effects and tell their callers. A save is a synchronous write
+        (see `timeslice.agent.store`), so nothing runs between a save and its effects."""
+        self._saving = None
+        while self._waiting:
+            waiting, self._waiting = self._waiting, []
+            effects, self._effects = self._effects, []
+            try:
+                self._store.save(self.table.encode(finished=SAVED_OPERATIONS))
+            except Exception as exc:
+                log.error("saving the job table failed: %s", exc)
+                error = UnavailableError(f"the agent could not save its job table: {exc}")
                 for done in waiting:
                     if not done.done():
-                        done.set_result(None)
-                self._rearm()
-                self.changed.set()
-        finally:
-            self._saver = self._writing = None
+                        done.set_exception(error)
+                continue
+            self._act(effects)
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
+            self._rearm()
+            self.changed.set()
 
     def _act(self, effects: list[st.Effect]) -> None:
         for effect in effects:
@@ -177,7 +184,9 @@ class AgentEngine:
         try:
             backend = self._backend(op.backend)
             params = {**op.params, "timeout": left}
-            moved = await asyncio.wait_for(_move(backend, op.kind, ref, params, pace), left)
+            # asyncio.timeout, not wait_for: no task of its own for the backend's call.
+            async with asyncio.timeout(left):
+                moved = await _move(backend, op.kind, ref, params, pace)
             finish = st.Finish(
                 now=time.time(),
                 op_id=op_id,
@@ -249,12 +258,10 @@ class AgentEngine:
 
     async def flush(self) -> None:
         """Return once every change made so far is saved."""
-        if self._waiting:  # changes not taken by a write yet: wait for the next one
+        if self._waiting:  # changes not saved yet: wait for the next save
             saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiting.append(saved)
             await saved
-        elif self._writing is not None:  # the write under way has them all
-            await asyncio.shield(self._writing)
 
     async def operation(self, op_id: str, wait: float = 0.0) -> Operation:
         """Operation `op_id`, once finished or after `wait` seconds, whichever first."""

@@ -247,7 +247,10 @@ class AgentService(pb.SnapshotAgentServiceBase):
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
             reason = channel.closed or "the workload channel closed"
-            self.agent.unregister(channel, reason, deregistered=reason == DEREGISTERED)
+            # A goodbye in the middle of a command is no goodbye: where the context
+            # is, nobody knows, whether or not the operation has failed already.
+            goodbye = reason == DEREGISTERED and not channel.interrupted
+            self.agent.unregister(channel, reason, deregistered=goodbye)
 
     async def _read_results(
         self, channel: WorkloadChannel, messages: AsyncIterator[pb.WorkloadMessage]

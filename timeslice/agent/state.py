@@ -147,7 +147,8 @@ class JobTable:
         # its jobs is stamped with it, so that the orchestrator keeps the newest word.
         self.version = 0
         # Finished operations' JSON text, by id, as the last `encode` wrote them.
-        self._encoded: dict[str, str] = {}
+        # Each kept operation's text and the status it was encoded in (see `encode`).
+        self._encoded: dict[str, tuple[OpStatus, str]] = {}
 
     def handle(self, event: Event) -> list[Effect]:
         """Apply one event; return what the shell must do. Raises on an illegal event,
@@ -531,15 +532,15 @@ class JobTable:
         }
 
     def encode(self, finished: int) -> str:
-        """`to_dict(finished)` as compact JSON text: what a save writes. A finished
-        operation never changes again, so each is encoded once and its text reused
-        by every later save that keeps it."""
-        encoded: dict[str, str] = {}
+        """`to_dict(finished)` as compact JSON text: what a save writes. An operation
+        changes only as it ends (its status with it), and never after, so each is
+        encoded once pending and once ended, its text reused by every save between."""
+        encoded: dict[str, tuple[OpStatus, str]] = {}
         parts = []
         for op in self._kept(finished):
-            text = self._encoded.get(op.op_id) or _dumps(_op_dict(op))
-            if op.status is not OpStatus.PENDING:
-                encoded[op.op_id] = text
+            known = self._encoded.get(op.op_id)
+            text = known[1] if known and known[0] is op.status else _dumps(_op_dict(op))
+            encoded[op.op_id] = (op.status, text)
             parts.append(text)
         self._encoded = encoded
         jobs = _dumps([_job_dict(j) for j in self.jobs.values()])
@@ -586,8 +587,11 @@ def _op_dict(op: Operation) -> dict[str, Any]:
     return {**vars(op), "status": op.status.value}
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one, not one per call as json.dumps
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def _number(op: Operation) -> int:

@@ -128,8 +128,9 @@ class StateStore:
         doc = await self._in_thread(read)
         return json.loads(doc) if doc else None
 
-    async def save(self, document: dict[str, Any] | str) -> None:
-        """Replace the saved document (or its JSON text), durably."""
+    def save(self, document: dict[str, Any] | str) -> None:
+        """Replace the saved document (or its JSON text), durably. Synchronous: on
+        the event loop's thread (see the module's docstring)."""
         text = (
             document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
         )

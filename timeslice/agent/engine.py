@@ -74,7 +74,7 @@ class AgentEngine:
 
     @property
     def saved(self) -> bool:
-        """Whether every change made so far is saved (no write pending or under way)."""
+        """Whether every change made so far is saved (no save due)."""
         return self._saving is None
 
     def apply(self, event: st.Event) -> asyncio.Future[None]:

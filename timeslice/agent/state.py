@@ -146,8 +146,8 @@ class JobTable:
         # Events handled since the table was made (not saved): what the agent says of
         # its jobs is stamped with it, so that the orchestrator keeps the newest word.
         self.version = 0
-        # Finished operations' JSON text, by id, as the last `encode` wrote them.
-        # Each kept operation's text and the status it was encoded in (see `encode`).
+        # Each operation's JSON text, by id, as the last `encode` wrote it, with the
+        # status it was encoded in (see `encode`).
         self._encoded: dict[str, tuple[OpStatus, str]] = {}
 
     def handle(self, event: Event) -> list[Effect]:

@@ -38,6 +38,10 @@ def normalize_url(url: str) -> str:
     )
 
 
+#: How long an SQLite write waits for another writer to let go of the database.
+SQLITE_BUSY_TIMEOUT = 30.0
+
+
 def configure_sqlite(engine: sa.Engine, synchronous: str = "FULL") -> None:
     """WAL with `synchronous` (FULL: a commit survives a power loss), and
     transactions that take the write lock when they begin (`BEGIN IMMEDIATE`),
@@ -49,7 +53,7 @@ def configure_sqlite(engine: sa.Engine, synchronous: str = "FULL") -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={round(SQLITE_BUSY_TIMEOUT * 1000)}")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")

@@ -1,13 +1,15 @@
 """The files of a journal and of an agent's job table: readable by their owner only,
 whatever the umask; refused (never changed) when they are not ours to use: not
-SQLite, a folder, another application's database, a newer schema; and a full disk
-that says so."""
+SQLite, a folder, another application's database, a newer schema; a full disk
+that says so; and a database another writer holds, waited for off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -18,7 +20,7 @@ from timeslice.agent.store import StateStore
 from timeslice.errors import JournalError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import event_to_dict
-from timeslice.orchestrator.journal import SCHEMA_VERSION, SqlJournal, normalize_url
+from timeslice.orchestrator.journal import SCHEMA_VERSION, JournalBusy, SqlJournal, normalize_url
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -267,7 +269,9 @@ async def test_a_full_disk_says_so_and_the_journal_goes_on_once_there_is_room(
     await journal.open()
     try:
         await journal.append([EVENT])
-        writer = journal._writer  # the appends' connection: make its database full
+        assert journal._writer is not None  # the appends' connection: make its database full
+        writer = journal._writer.connection.dbapi_connection
+        assert writer is not None
         pages = writer.execute("PRAGMA page_count").fetchone()[0]
         writer.execute(f"PRAGMA max_page_count = {pages}")
         big = ev.ForceRelease(now=2.0, group="g", job="a", reason="x" * 200_000)
@@ -278,6 +282,37 @@ async def test_a_full_disk_says_so_and_the_journal_goes_on_once_there_is_room(
         assert await journal.append([EVENT]) == 2  # nothing of the failed one was kept
         assert [seq for seq, _, _ in await journal.read()] == [1, 2]
     finally:
+        await journal.close()
+
+
+async def test_a_database_held_by_another_writer_is_busy_at_once_and_written_once_free(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.db"
+    journal = SqlJournal(str(path))
+    await journal.open()
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert journal.inline
+        assert journal.append_now([EVENT]) == 1
+        other.execute("BEGIN IMMEDIATE")  # another writer: a sqlite3 shell, say
+        started = time.monotonic()
+        with pytest.raises(JournalBusy, match="is locked by another writer"):
+            journal.append_now([EVENT])
+        with pytest.raises(JournalBusy):
+            journal.save_snapshot_now(1, {"groups": {}})
+        assert time.monotonic() - started < 1  # not SQLite's busy timeout, on the loop
+        # `append` waits for it, off the loop's back: the loop goes on meanwhile.
+        appended = asyncio.ensure_future(journal.append([EVENT]))
+        await asyncio.sleep(0.2)
+        assert not appended.done()
+        other.execute("ROLLBACK")
+        assert await asyncio.wait_for(appended, 5) == 2  # nothing of the busy ones was kept
+        journal.save_snapshot_now(2, {"groups": {}})
+        assert [seq for seq, _, _ in await journal.read()] == [1, 2]
+        assert await journal.snapshot_before(2) == (2, {"groups": {}})
+    finally:
+        other.close()
         await journal.close()
 
 

@@ -66,6 +66,10 @@ class H2Call:
     def peer(self) -> Any:
         return _Peer(self.call.transport)
 
+    @property
+    def arrived(self) -> bool:
+        return self.call.ended
+
     async def recv(self, limit: int) -> Any:
         try:
             body = await self.call.recv(limit)

@@ -153,6 +153,11 @@ class Call:
         """The connection's transport (None once it is lost)."""
         return self._connection.transport
 
+    @property
+    def ended(self) -> bool:
+        """Whether the client has sent all of its side: reading waits for nothing."""
+        return self._ended
+
     # --- reading -----------------------------------------------------------------------
 
     def _feed(self, data: bytes, ended: bool) -> None:

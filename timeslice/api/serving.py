@@ -117,6 +117,11 @@ class EdgeCall(Protocol):
     @property
     def peer(self) -> Any: ...
 
+    @property
+    def arrived(self) -> bool:
+        """Whether every request message is here already (False: not known)."""
+        ...
+
     async def recv(self, limit: int) -> Any:
         """The next request message (None at the end of the stream)."""
         ...
@@ -167,6 +172,10 @@ class GrpclibCall:
     @property
     def peer(self) -> Any:
         return self.stream.peer
+
+    @property
+    def arrived(self) -> bool:
+        return False
 
     async def recv(self, limit: int) -> Any:
         return await recv_bounded(self.stream, limit)
@@ -239,6 +248,8 @@ def _handler(
 
 
 async def _request_in_time(call: EdgeCall, limit: int, timeout: float) -> Any:
+    if call.arrived:  # as a unary request mostly is: no timer to set and cancel
+        return await call.recv(limit)
     try:
         # asyncio.timeout, not wait_for: no task of its own for every call. A
         # deadline of the client's own or a closed connection cancels the call

@@ -5,9 +5,16 @@ Every change goes the same way: the event is handled by the pure `LockTable`
 (which refuses it, or changes and answers with effects), appended to the
 journal when its type says so (`events.journaled`), and only once the journal
 write is durable are its effects handed to `act`: a waiting `Acquire`
-answered, watchers told. Appends are batched: while one batch is being
-written, new events gather for the next, so a busy orchestrator pays one
-durable write for many decisions and an idle one pays no wait.
+answered, watchers told. Appends are batched, so a busy orchestrator pays one
+durable write for many decisions and an idle one pays no wait. A journal that
+writes inline (SQLite, memory) is written by a callback at the end of the loop
+turn that made the decisions, on the loop's thread, and the batch is acted on
+in the same callback: no hop to another thread and back, whose waits for a
+busy loop cost more than the write. Any other journal (PostgreSQL) is written
+by a task: while one batch is being written, new events gather for the next.
+So is an inline journal while another writer holds its database (`JournalBusy`):
+the task waits for it without holding up the loop, and inline writes go on once
+what waited is written.
 
 Time-driven decisions (a lease running out, a wait limit) come from one timer,
 set for the table's next deadline: nothing polls.
@@ -28,7 +35,7 @@ from collections.abc import Callable
 from timeslice.errors import JournalClaimLostError, TimeSliceError, UnavailableError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
-from timeslice.orchestrator.journal import Journal, Loaded
+from timeslice.orchestrator.journal import Journal, JournalBusy, Loaded
 from timeslice.orchestrator.state import LockTable
 
 log = logging.getLogger(__name__)
@@ -71,7 +78,8 @@ class JournalEngine:
         self._since_snapshot = 0
         self._pending: list[_Pending] = []
         self._writing: list[_Pending] = []  # the batch whose write is under way
-        self._flusher: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None  # the writer of a journal not inline
+        self._write_soon: asyncio.Handle | None = None  # the inline journal's next write
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._stopped = False
@@ -91,7 +99,10 @@ class JournalEngine:
         done: asyncio.Future[list[Effect]] = asyncio.get_running_loop().create_future()
         if ev.journaled(event, effects):
             self._pending.append((event, effects, done))
-            if self._flusher is None:
+            if self.journal.inline and self._flusher is None:
+                if self._write_soon is None:
+                    self._write_soon = asyncio.get_running_loop().call_soon(self._write_inline)
+            elif self._flusher is None:
                 self._flusher = asyncio.get_running_loop().create_task(self._flush())
         else:
             self._act(effects)
@@ -116,6 +127,9 @@ class JournalEngine:
         under way is not waited for: it can change nothing now, and its database may
         be out of reach (it is cancelled, and left to end when it does)."""
         self._stopped = True
+        if self._write_soon is not None:
+            self._write_soon.cancel()
+            self._write_inline()
         if (flusher := self._flusher) is not None:
             if self.failure is None:
                 await asyncio.gather(flusher, return_exceptions=True)
@@ -124,6 +138,30 @@ class JournalEngine:
                 await asyncio.wait({flusher}, timeout=STOP_WAIT)
         if self._timer is not None:
             self._timer.cancel()
+
+    def _write_inline(self) -> None:
+        """Write what is pending on the loop's thread, and act on it."""
+        self._write_soon = None
+        batch, self._pending = self._pending, []
+        if not batch:  # failed meanwhile
+            return
+        began = time.perf_counter()
+        try:
+            seq = self.journal.append_now([event for event, _, _ in batch])
+        except JournalBusy:
+            self._pending = batch + self._pending
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+            return
+        except Exception as exc:
+            self.fail(exc, "journal write failed", batch)
+            return
+        if self._written(batch, began):
+            try:
+                self.journal.save_snapshot_now(seq, self.table.to_dict())
+            except JournalBusy:
+                self._since_snapshot = self._snapshot_every  # still due: at the next write
+            except Exception:
+                log.exception("could not write a journal snapshot")
 
     async def _flush(self) -> None:
         try:
@@ -138,19 +176,7 @@ class JournalEngine:
                     return
                 finally:
                     self._writing = []
-                if self.committed is not None:
-                    self.committed(time.perf_counter() - began, len(batch))
-                if self.failure is not None:  # the journal's claim was lost meanwhile
-                    self.fail(self.failure, "journal write failed", batch)
-                    return
-                for event, effects, done in batch:
-                    self._act(effects)
-                    self._observe(event, effects)
-                    if not done.done():
-                        done.set_result(effects)
-                self._since_snapshot += len(batch)
-                if self._since_snapshot >= self._snapshot_every and not self._pending:
-                    self._since_snapshot = 0
+                if self._written(batch, began):
                     state = self.table.to_dict()  # nothing newer than `seq` is handled yet
                     try:
                         await self.journal.save_snapshot(seq, state)
@@ -158,6 +184,25 @@ class JournalEngine:
                         log.exception("could not write a journal snapshot")
         finally:
             self._flusher = None
+
+    def _written(self, batch: list[_Pending], began: float) -> bool:
+        """Act on `batch`, written since `began`; whether a snapshot is due now
+        (none of the table's events is newer than the batch)."""
+        if self.committed is not None:
+            self.committed(time.perf_counter() - began, len(batch))
+        if self.failure is not None:  # the journal's claim was lost meanwhile
+            self.fail(self.failure, "journal write failed", batch)
+            return False
+        for event, effects, done in batch:
+            self._act(effects)
+            self._observe(event, effects)
+            if not done.done():
+                done.set_result(effects)
+        self._since_snapshot += len(batch)
+        if self._since_snapshot >= self._snapshot_every and not self._pending:
+            self._since_snapshot = 0
+            return True
+        return False
 
     def fail(self, exc: BaseException, what: str, batch: list[_Pending] | None = None) -> None:
         """A decision could not be made durable (or may not be any more: the

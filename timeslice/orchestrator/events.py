@@ -19,7 +19,6 @@ Events and effects are frozen and keyword-only: `Granted(group="g", job="a", ...
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -346,8 +345,11 @@ def journaled(event: Event, effects: list[Any]) -> bool:
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """A JSON-ready dict of `event`, with its type under "kind"."""
-    return {"kind": type(event).__name__, **dataclasses.asdict(event)}
+    """A JSON-ready dict of `event`, with its type under "kind". Its fields as they
+    are: plain values, tuples of them, enums of strings, and one dict of plain values
+    (`SetJobBackend.backend`), all of which JSON writes without a copy (a deep copy
+    by `dataclasses.asdict` took three quarters of a journal row's encoding)."""
+    return {"kind": type(event).__name__, **vars(event)}
 
 
 def event_from_dict(data: dict[str, Any]) -> Event:

@@ -555,7 +555,9 @@ class Orchestrator:
             lease_secret=secrets.token_urlsafe(16),
         )
         try:
-            await asyncio.shield(self.apply(event))
+            # Not shielded: a cancelled call cancels the engine's future of its event,
+            # which the engine leaves alone (the event is written and acted on all the same).
+            await self.apply(event)
             return await call.future
         except asyncio.CancelledError:
             self._abandon(call)

@@ -219,14 +219,14 @@ def instrument() -> Callable[[Any], Any]:
 
 
 def _instrument() -> Stages:
-    """Wrap the servicer's Yield and Acquire and the SQLite journal's append to stamp
+    """Wrap the servicer's Yield and Acquire and the SQLite journal's write to stamp
     a handoff's stages. Measurement only: nothing they do changes."""
-    from timeslice.orchestrator.journal import SqlJournal
+    from timeslice.orchestrator import journal
     from timeslice.orchestrator.service import OrchestratorService
 
     stages = Stages()
     yield_, acquire = OrchestratorService.yield_, OrchestratorService.acquire
-    append, in_thread = SqlJournal.append, getattr(SqlJournal, "_in_thread", None)
+    append_now, commit = journal.SqlJournal.append_now, journal._append_sqlite
 
     async def stamped_yield(self: Any, message: pb.YieldRequest) -> pb.YieldResponse:
         if stages.enabled and message.job_id == JOB_A:
@@ -242,57 +242,46 @@ def _instrument() -> Stages:
             stages.open = None
         return reply
 
-    async def stamped_append(self: Any, events: Any) -> int:
+    def stamped_append_now(self: Any, events: Any) -> int:
         record, start = stages.open, now()
-        seq = await append(self, events)
+        seq = append_now(self, events)
         if record is not None and "append_start" not in record:
             record.update(append_start=start, append_end=now())
         return seq
 
-    async def stamped_in_thread(self: Any, fn: Callable[[], Any]) -> Any:
-        record, stamps = stages.open, {}
-
-        def timed() -> Any:
-            stamps["start"] = now()
-            try:
-                return fn()
-            finally:
-                stamps["end"] = now()
-
-        assert in_thread is not None  # only installed where the journal has it
-        result = await in_thread(self, timed)
+    def stamped_commit(dbapi_connection: Any, rows: Any) -> None:
+        record, start = stages.open, now()
+        commit(dbapi_connection, rows)
         if record is not None and "sql_start" not in record:
-            record.update(sql_start=stamps["start"], sql_end=stamps["end"])
-        return result
+            record.update(sql_start=start, sql_end=now())
 
     OrchestratorService.yield_ = stamped_yield  # type: ignore[method-assign]
     OrchestratorService.acquire = stamped_acquire  # type: ignore[method-assign]
-    SqlJournal.append = stamped_append  # type: ignore[method-assign]
-    if in_thread is not None:  # the journal's one hop to its SQLite thread
-        SqlJournal._in_thread = stamped_in_thread  # type: ignore[method-assign]
+    journal.SqlJournal.append_now = stamped_append_now  # type: ignore[method-assign]
+    journal._append_sqlite = stamped_commit
     return stages
 
 
 STAGES = [
     ("Yield request: client -> server handler (HTTP/2, decode)", "sent", "yield_handler"),
-    ("lock table + start of the journal batch", "yield_handler", "append_start"),
-    ("hop to the journal thread", "append_start", "sql_start"),
-    ("SQLite insert + commit (fsync)", "sql_start", "sql_end"),
-    ("hop back to the event loop", "sql_end", "append_end"),
-    ("journal durable -> B's Acquire handler resumes", "append_end", "grant_returned"),
+    ("lock table, until the turn's decisions are written", "yield_handler", "append_start"),
+    ("journal rows encoded", "append_start", "sql_start"),
+    ("SQLite insert + commit (fsync), on the loop's thread", "sql_start", "sql_end"),
+    ("journal durable -> B's Acquire handler resumes", "sql_end", "grant_returned"),
     ("Acquire reply: encode, send, client receives", "grant_returned", "returned"),
 ]
 
 CATEGORIES = [
-    ("idle in epoll (waiting: network, journal thread)", ("select.epoll", "selectors.py")),
+    ("idle in epoll (waiting: the network)", ("select.epoll", "selectors.py")),
     ("socket send/recv syscalls", ("_socket.socket",)),
     ("grpclib + h2 (HTTP/2 frames, headers)", ("grpclib", "/h2/", "/hpack/", "/hyperframe/")),
     ("betterproto2 (encode, decode)", ("betterproto2", "timeslice/api/", "warnings.py")),
     ("timeslice (servicer, orchestrator, lock table)", ("timeslice/",)),
     (
-        "journal on the loop (to-dict, json, thread handoff)",
+        "journal (to-dict, json, SQLite and its fsync)",
         (
             "json",
+            "sqlite3",
             "sqlalchemy",
             "concurrent/futures",
             "_queue",

@@ -302,7 +302,7 @@ async def test_a_database_held_by_another_writer_is_busy_at_once_and_written_onc
         with pytest.raises(JournalBusy):
             journal.save_snapshot_now(1, {"groups": {}})
         assert time.monotonic() - started < 1  # not SQLite's busy timeout, on the loop
-        # `append` waits for it, off the loop's back: the loop goes on meanwhile.
+        # `append` waits for it without holding up the loop, which goes on meanwhile.
         appended = asyncio.ensure_future(journal.append([EVENT]))
         await asyncio.sleep(0.2)
         assert not appended.done()

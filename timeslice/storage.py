@@ -38,7 +38,8 @@ def normalize_url(url: str) -> str:
     )
 
 
-#: How long an SQLite write waits for another writer to let go of the database.
+#: How long an SQLite write waits for another writer to let go of the database (seconds;
+#: what sqlite3.connect calls its timeout, and PRAGMA busy_timeout in ms).
 SQLITE_BUSY_TIMEOUT = 30.0
 
 

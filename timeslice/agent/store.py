@@ -33,6 +33,7 @@ import sqlalchemy as sa
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.storage import (
+    SQLITE_BUSY_TIMEOUT,
     configure_sqlite,
     database_error,
     meta_table,
@@ -81,7 +82,7 @@ class StateStore:
         path = sqlite_path(url)
         self.label = path or self.url
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="timeslice-agent-store")
-        self._engine = engine = sa.create_engine(url, connect_args={"timeout": 30})
+        self._engine = engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
         configure_sqlite(engine, synchronous="NORMAL")
         label = self.label
 

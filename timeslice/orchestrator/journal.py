@@ -334,7 +334,9 @@ class SqlJournal(Journal):
                         self._claim = await self._in_thread(lambda: FileClaim.take(path))
                 memory = self._path is None
                 self._engine = sa.create_engine(
-                    self.url, poolclass=StaticPool if memory else None, connect_args={"timeout": 30}
+                    self.url,
+                    poolclass=StaticPool if memory else None,
+                    connect_args={"timeout": SQLITE_BUSY_TIMEOUT},
                 )
                 configure_sqlite(self._engine)
             else:
@@ -543,12 +545,13 @@ class SqlJournal(Journal):
             with writer.begin():
                 write(writer)
         except (sa.exc.DBAPIError, sqlite3.Error) as exc:
-            raise self._write_error(getattr(exc, "orig", None) or exc) from exc
+            raise self._write_error(exc) from exc
 
     def _write_error(self, exc: BaseException) -> JournalError:
         """What an inline write's failure raises: `JournalBusy` if another writer
         holds the database (nothing was written)."""
-        code = getattr(exc, "sqlite_errorcode", 0) or 0
+        orig = getattr(exc, "orig", None) or exc  # SQLAlchemy's wrapper, or the driver's own
+        code = getattr(orig, "sqlite_errorcode", 0) or 0
         if code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             return JournalBusy(f"journal {self.label} is locked by another writer")
         return database_error("journal", self.label, exc)

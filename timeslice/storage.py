@@ -5,11 +5,14 @@ checked before SQLite opens them, and one-line errors for what a database says.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -139,6 +142,41 @@ def rollback(dbapi_connection: Any) -> None:
 
 _SQLITE_FULL = 13
 _PG_DISK_FULL = "53100"
+
+
+_T = TypeVar("_T")
+
+
+class JournalBusy(JournalError):
+    """A write on the loop's thread found the database held by another writer (an
+    `sqlite3` shell in a transaction, say): nothing was written, and the same write
+    may be tried again."""
+
+
+def write_error(what: str, label: str, exc: BaseException) -> JournalError:
+    """What a failed write on a connection without a busy timeout raises:
+    `JournalBusy` if another writer holds the database, else `database_error`."""
+    orig = getattr(exc, "orig", None) or exc  # SQLAlchemy's wrapper, or the driver's own
+    code = getattr(orig, "sqlite_errorcode", 0) or 0
+    if code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return JournalBusy(f"{what} {label} is locked by another writer")
+    return database_error(what, label, exc)
+
+
+async def while_busy(write: Callable[[], _T], timeout: float | None = None) -> _T:
+    """`write()` (synchronous, on the loop's thread), again while it raises
+    `JournalBusy`, for as long as SQLite's busy timeout (`timeout`) would wait,
+    without holding up the loop meanwhile; then the last `JournalBusy`."""
+    limit = SQLITE_BUSY_TIMEOUT if timeout is None else timeout
+    deadline, delay = time.monotonic() + limit, 0.001
+    while True:
+        try:
+            return write()
+        except JournalBusy:
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
 
 def database_error(what: str, label: str, exc: BaseException) -> JournalError:

@@ -12,6 +12,7 @@ from contextlib import suppress
 
 import asyncio
 import os
+import sqlite3
 import sys
 import textwrap
 import time
@@ -50,7 +51,9 @@ from grpclib.const import Status
 from tests.fakes.fake_cuda import FakeCuda, FakeNvml
 from tests.fakes.fake_inference_server import FakeInferenceServer
 from tests.waiting import until
+from timeslice import storage
 from timeslice.agent.server import Agent
+from timeslice.agent.store import StateStore
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb
 from timeslice.backends import BackendContext
@@ -223,6 +226,60 @@ async def test_fencing_tokens_only_grow_per_group(agent: Agent, stub: Stub) -> N
     assert (await grpc_error(stub.snapshot(snapshot("j", "g", fencing_token=5)))).status == (
         Status.ABORTED
     )
+
+
+async def test_a_job_table_another_writer_holds_holds_up_only_the_calls_that_change_it(
+    agent: Agent, stub: Stub, tmp_path: Path
+) -> None:
+    other = sqlite3.connect(tmp_path / "agent.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another writer: a sqlite3 shell, say
+        started = asyncio.ensure_future(stub.snapshot(snapshot("j", "g", NOOP)))
+        before = time.monotonic()
+        await asyncio.sleep(0.2)
+        assert time.monotonic() - before < 1  # the loop is not stuck in the save
+        assert not started.done()  # a snapshot is answered once it is saved
+        # What changes nothing is answered meanwhile.
+        assert (await asyncio.wait_for(stub.status(), 2)).node_name == "n1"
+        other.execute("ROLLBACK")
+        op_id = (await asyncio.wait_for(started, 5)).operation_id
+        assert (await finish_operation(stub, op_id)).status == OpStatus.COMPLETE
+    finally:
+        other.close()
+    saved = await saved_table(tmp_path / "agent.db")
+    assert [(j["job"], j["state"]) for j in saved["jobs"]] == [("j", "SAVED")]
+    assert await states(stub) == {"j": JobState.SAVED}  # and saves go on inline
+
+
+async def test_a_job_table_held_past_the_busy_timeout_fails_the_calls_waiting_on_it(
+    agent: Agent, stub: Stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "SQLITE_BUSY_TIMEOUT", 0.3)
+    other = sqlite3.connect(tmp_path / "agent.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        error = await asyncio.wait_for(grpc_error(stub.snapshot(snapshot("j", "g", NOOP))), 5)
+        assert error.status == Status.UNAVAILABLE
+        assert "could not save its job table" in (error.message or "")
+        assert "is locked by another writer" in (error.message or "")
+    finally:
+        other.close()
+    # Once it is free, the next change is saved with everything before it.
+    assert (await run_operation(stub, snapshot("k", "g", NOOP))).status == OpStatus.COMPLETE
+    saved = await saved_table(tmp_path / "agent.db")
+    assert {j["job"] for j in saved["jobs"]} >= {"k"}
+
+
+async def saved_table(path: Path) -> dict[str, Any]:
+    """The job table as saved in the agent's file (read beside the running agent)."""
+    store = StateStore(str(path))
+    await store.open()
+    try:
+        saved = await store.load()
+    finally:
+        await store.close()
+    assert saved is not None
+    return saved
 
 
 # --- workloads that fail, go away, or come back --------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from timeslice.agent.state import SNAPSHOT, Finish, JobState, JobTable, Register, Start
 from timeslice.agent.store import StateStore
+from timeslice.storage import JournalBusy
 
 
 def job_table_document() -> dict[str, Any]:
@@ -59,6 +61,26 @@ async def test_a_save_replaces_the_last_one(url: str | None) -> None:
         store.save(job_table_document())
         assert await store.load() == job_table_document()
     finally:
+        await store.close()
+
+
+async def test_a_save_finds_a_file_another_writer_holds_busy_at_once(tmp_path: Path) -> None:
+    store = StateStore(f"sqlite:///{tmp_path / 'agent.db'}")
+    await store.open()
+    other = sqlite3.connect(tmp_path / "agent.db", isolation_level=None)
+    try:
+        store.save({"version": 1})
+        other.execute("BEGIN IMMEDIATE")  # another writer: a sqlite3 shell, say
+        started = time.monotonic()
+        with pytest.raises(JournalBusy, match=r"job table .* is locked by another writer"):
+            store.save({"version": 2})
+        assert time.monotonic() - started < 1  # not SQLite's busy timeout, on the loop
+        other.execute("ROLLBACK")
+        assert await store.load() == {"version": 1}  # nothing of the busy save was kept
+        store.save({"version": 3})
+        assert await store.load() == {"version": 3}
+    finally:
+        other.close()
         await store.close()
 
 

@@ -20,7 +20,8 @@ from timeslice.agent.store import StateStore
 from timeslice.errors import JournalError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import event_to_dict
-from timeslice.orchestrator.journal import SCHEMA_VERSION, JournalBusy, SqlJournal, normalize_url
+from timeslice.orchestrator.journal import SCHEMA_VERSION, SqlJournal, normalize_url
+from timeslice.storage import JournalBusy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,8 +7,10 @@ effects carried out: an operation started on its backend, a waiting
 loop after the first change not saved, and one write covers every change made
 until then. The write is synchronous (an append to SQLite's WAL, see
 `timeslice.agent.store`), so a save is a callback of the loop, not a task, and
-nothing runs between a write and its effects. One timer, set for the table's
-next deadline, fails operations that overrun it.
+nothing runs between a write and its effects. While another writer holds the
+file, a task tries the save again until it is free (for as long as SQLite's busy
+timeout): only the callers of the changes wait, the loop goes on. One timer, set
+for the table's next deadline, fails operations that overrun it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from timeslice.agent.state import JobState, JobTable, Operation, OpStatus
 from timeslice.agent.store import StateStore
 from timeslice.backends import Backend, JobRef, Moved, pipelined
 from timeslice.errors import NotFoundError, TimeSliceError, UnavailableError
+from timeslice.storage import JournalBusy, while_busy
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,8 @@ class AgentEngine:
         self.changed = asyncio.Event()
         self._waiting: list[asyncio.Future[None]] = []
         self._effects: list[st.Effect] = []
-        self._saving: asyncio.Handle | None = None  # the save to come
+        # The save to come: a callback, or while another writer holds the file a task.
+        self._saving: asyncio.Handle | asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running operations
         self._background: set[asyncio.Task[None]] = set()
         self.reconciling: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -101,9 +105,11 @@ class AgentEngine:
             self.apply(
                 st.Finish(now=time.time(), op_id=op_id, ok=False, error="the agent shut down")
             )
-        if self._saving is not None:
+        if isinstance(self._saving, asyncio.Handle):
             self._saving.cancel()
             self._save()
+        if isinstance(self._saving, asyncio.Task):  # the file is held: the last save waits
+            await asyncio.gather(self._saving, return_exceptions=True)
         self.closed, self.serving = True, False
         if self._timer is not None:
             self._timer.cancel()
@@ -123,26 +129,51 @@ class AgentEngine:
     def _save(self) -> None:
         """Save the table once for every change made since the last save, then act on
         the changes' effects and tell their callers. A save is a synchronous write
-        (see `timeslice.agent.store`), so nothing runs between a save and its effects."""
+        (see `timeslice.agent.store`), so nothing runs between a save and its effects.
+        While another writer holds the file, a task tries again (every change made
+        meanwhile joins its write) and the loop goes on with what needs no save."""
         self._saving = None
-        while self._waiting:
-            waiting, self._waiting = self._waiting, []
-            effects, self._effects = self._effects, []
-            try:
-                self._store.save(self.table.encode(finished=SAVED_OPERATIONS))
-            except Exception as exc:
-                log.error("saving the job table failed: %s", exc)
-                error = UnavailableError(f"the agent could not save its job table: {exc}")
-                for done in waiting:
-                    if not done.done():
-                        done.set_exception(error)
-                continue
-            self._act(effects)
-            for done in waiting:
-                if not done.done():
-                    done.set_result(None)
-            self._rearm()
-            self.changed.set()
+        try:
+            self._write()
+        except JournalBusy:
+            self._saving = self._spawn(self._save_when_free())
+        except Exception as exc:
+            self._failed(exc)
+
+    async def _save_when_free(self) -> None:
+        try:
+            await while_busy(self._write)
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            if self._saving is asyncio.current_task():
+                self._saving = None
+                if self._waiting:  # changed by what the write set going
+                    self._saving = asyncio.get_running_loop().call_soon(self._save_soon)
+
+    def _write(self) -> None:
+        """Write the table with every change not yet saved, and act on them; raises,
+        nothing taken, if the write fails."""
+        if not self._waiting:
+            return
+        self._store.save(self.table.encode(finished=SAVED_OPERATIONS))
+        waiting, self._waiting = self._waiting, []
+        effects, self._effects = self._effects, []
+        self._act(effects)
+        for done in waiting:
+            if not done.done():
+                done.set_result(None)
+        self._rearm()
+        self.changed.set()
+
+    def _failed(self, exc: Exception) -> None:
+        """Fail the callers of every change not saved: the table could not be."""
+        waiting, self._waiting, self._effects = self._waiting, [], []
+        log.error("saving the job table failed: %s", exc)
+        error = UnavailableError(f"the agent could not save its job table: {exc}")
+        for done in waiting:
+            if not done.done():
+                done.set_exception(error)
 
     def _act(self, effects: list[st.Effect]) -> None:
         for effect in effects:

@@ -11,9 +11,12 @@ describes: the table that matters after a reboot is an empty one.
 Such a commit is an append to the WAL file (tens of microseconds), so `save`
 writes on the event loop's own thread, on one connection kept for it: handing it
 to a worker thread and back cost more than the write, three times in every
-switch. The document comes as text (`JobTable.encode`, which encodes each
-finished operation once). Opening, loading and
-closing, which may wait for the disk, run in the worker thread.
+switch. That connection has no busy timeout: a save that finds the file held by
+another writer (an `sqlite3` shell in a transaction, say) raises `JournalBusy` at
+once, nothing written, rather than hold up the loop, and the engine tries again
+(`storage.while_busy`). The document comes as text (`JobTable.encode`, which
+encodes each finished operation once). Opening, loading and closing, which may
+wait for the disk, run in the worker thread.
 
 The file is the orchestrator journal's kind: created readable by its owner only,
 with a schema version; a file that is not SQLite, another application's
@@ -42,6 +45,7 @@ from timeslice.storage import (
     prepare_sqlite_file,
     rollback,
     sqlite_path,
+    write_error,
 )
 
 #: The schema this code writes. 1: agent_state; 2: and agent_meta.
@@ -69,7 +73,7 @@ class StateStore:
         self.label = url or "memory"  # the file, once open
         self._memory: str | None = None
         self._engine: sa.Engine | None = None
-        self._writer: sa.Connection | None = None  # opened by the first save
+        self._writer: sa.Connection | None = None  # the saves' connection
         self._raw: Any = None  # its DB-API connection
         self._executor: ThreadPoolExecutor | None = None
 
@@ -86,14 +90,20 @@ class StateStore:
         configure_sqlite(engine, synchronous="NORMAL")
         label = self.label
 
-        def prepare() -> None:
+        def prepare() -> sa.Connection:
             if path is not None:
                 prepare_sqlite_file(path, _WHAT)
             with engine.begin() as conn:
                 open_schema(conn, _metadata, _meta, SCHEMA_VERSION, what=_WHAT, label=label)
+            writer = engine.connect()
+            raw = writer.connection.dbapi_connection
+            assert raw is not None
+            raw.execute("PRAGMA busy_timeout=0")  # a save finds the file locked at once
+            return writer
 
         try:
-            await self._in_thread(prepare)
+            self._writer = await self._in_thread(prepare)
+            self._raw = self._writer.connection.dbapi_connection
         except BaseException as exc:
             await self.close()
             if isinstance(exc, sa.exc.DBAPIError | sqlite3.Error):
@@ -102,9 +112,9 @@ class StateStore:
 
     async def close(self) -> None:
         writer, self._writer, self._raw = self._writer, None, None
-        if writer is not None:
-            writer.close()  # on the thread that opened it
         engine, self._engine = self._engine, None
+        if writer is not None:
+            await self._in_thread(writer.close)
         if engine is not None:
             await self._in_thread(engine.dispose)
         if self._executor is not None:
@@ -131,22 +141,19 @@ class StateStore:
 
     def save(self, document: dict[str, Any] | str) -> None:
         """Replace the saved document (or its JSON text), durably. Synchronous: on
-        the event loop's thread (see the module's docstring)."""
+        the event loop's thread (see the module's docstring); raises `JournalBusy`,
+        nothing saved, while another writer holds the file."""
         text = (
             document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
         )
         if self._engine is None:
             self._memory = text
             return
+        # The statements go on the kept connection's DB-API connection: a pool
+        # checkout and SQLAlchemy's per-statement work would cost more than the write.
+        raw = self._raw
+        assert raw is not None
         try:
-            # One connection kept for the writes, on this thread, and the statements
-            # on its DB-API connection: a pool checkout and SQLAlchemy's
-            # per-statement work would cost more than the write itself.
-            if self._raw is None:
-                self._writer = self._engine.connect()
-                self._raw = self._writer.connection.dbapi_connection
-            raw = self._raw
-            assert raw is not None
             raw.execute("BEGIN IMMEDIATE")
             try:
                 raw.execute(_SAVE, (_KEY, time.time(), text))
@@ -154,5 +161,5 @@ class StateStore:
             except BaseException:
                 rollback(raw)
                 raise
-        except (sa.exc.DBAPIError, sqlite3.Error) as exc:
-            raise database_error(_WHAT, self.label, exc) from exc
+        except sqlite3.Error as exc:
+            raise write_error(_WHAT, self.label, exc) from exc

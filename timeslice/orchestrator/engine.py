@@ -35,8 +35,9 @@ from collections.abc import Callable
 from timeslice.errors import JournalClaimLostError, TimeSliceError, UnavailableError
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Effect, Event
-from timeslice.orchestrator.journal import Journal, JournalBusy, Loaded
+from timeslice.orchestrator.journal import Journal, Loaded
 from timeslice.orchestrator.state import LockTable
+from timeslice.storage import JournalBusy
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from timeslice.errors import JournalClaimLostError, JournalError
+from timeslice.errors import JournalClaimLostError
 from timeslice.orchestrator.events import Event, event_from_dict, event_to_dict
 from timeslice.orchestrator.journal_claim import (
     CLOSE_TIMEOUT,
@@ -64,6 +64,8 @@ from timeslice.storage import (
     prepare_sqlite_file,
     rollback,
     sqlite_path,
+    while_busy,
+    write_error,
 )
 
 _T = TypeVar("_T")
@@ -94,11 +96,6 @@ snapshots_table = sa.Table(
 
 
 meta = meta_table(_metadata, "journal_meta")
-
-
-class JournalBusy(JournalError):
-    """An inline write found the database held by another writer: nothing was
-    written, and the same write may be tried again."""
 
 
 @dataclass(frozen=True)
@@ -505,7 +502,7 @@ class SqlJournal(Journal):
         if not events:
             return self._seq
         if self.inline:
-            return await self._unless_busy(lambda: self.append_now(events))
+            return await while_busy(lambda: self.append_now(events))
         self._check_writable()
         async with self._append_lock:
             rows = self._rows(events)
@@ -523,7 +520,7 @@ class SqlJournal(Journal):
         try:
             _append_sqlite(self._writer.connection.dbapi_connection, rows)
         except sqlite3.Error as exc:
-            raise self._write_error(exc) from exc
+            raise write_error("journal", self.label, exc) from exc
         self._seq = rows[-1]["seq"]
         return self._seq
 
@@ -532,7 +529,7 @@ class SqlJournal(Journal):
 
     async def save_snapshot(self, seq: int, state: dict[str, Any]) -> None:
         if self.inline:
-            return await self._unless_busy(lambda: self.save_snapshot_now(seq, state))
+            return await while_busy(lambda: self.save_snapshot_now(seq, state))
         self._check_writable()
         await self._fenced(self._snapshot_write(seq, state))
 
@@ -545,29 +542,7 @@ class SqlJournal(Journal):
             with writer.begin():
                 write(writer)
         except (sa.exc.DBAPIError, sqlite3.Error) as exc:
-            raise self._write_error(exc) from exc
-
-    def _write_error(self, exc: BaseException) -> JournalError:
-        """What an inline write's failure raises: `JournalBusy` if another writer
-        holds the database (nothing was written)."""
-        orig = getattr(exc, "orig", None) or exc  # SQLAlchemy's wrapper, or the driver's own
-        code = getattr(orig, "sqlite_errorcode", 0) or 0
-        if code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-            return JournalBusy(f"journal {self.label} is locked by another writer")
-        return database_error("journal", self.label, exc)
-
-    async def _unless_busy(self, write: Callable[[], _T]) -> _T:
-        """`write` (inline), again while another writer holds the database, as
-        long as SQLite's busy timeout would wait, without holding up the loop."""
-        deadline, delay = time.monotonic() + SQLITE_BUSY_TIMEOUT, 0.001
-        while True:
-            try:
-                return write()
-            except JournalBusy:
-                if time.monotonic() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 0.05)
+            raise write_error("journal", self.label, exc) from exc
 
     def _snapshot_write(self, seq: int, state: dict[str, Any]) -> Callable[[sa.Connection], None]:
         """The transaction that records a snapshot and compacts behind it."""

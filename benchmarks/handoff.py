@@ -58,6 +58,7 @@ from benchmarks.common import (  # noqa: E402
     receive,
     run_main,
 )
+from timeslice.api import h2serve  # noqa: E402
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb  # noqa: E402
 
 HANDOFF_GROUP = "handoff"
@@ -303,6 +304,10 @@ def _category(key: tuple[str, int, str]) -> str:
     return "other (builtins, enum, typing, ...)"
 
 
+#: Where the orchestrator's server (h2core) starts each call it serves: once a call.
+RPC_START = (h2serve.__file__, "_start")
+
+
 async def profile_handoffs(
     db: str, samples: int, warmup: int, settle: float, pstats_path: str
 ) -> dict[str, Any]:
@@ -328,7 +333,7 @@ async def profile_handoffs(
     rpcs = 0
     for key, (_, calls, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
         by_category[_category(key)] = by_category.get(_category(key), 0.0) + tottime
-        if key[0].endswith("grpclib/server.py") and key[2] == "request_handler":
+        if (key[0], key[2]) == RPC_START:
             rpcs += calls
     idle = by_category.pop(CATEGORIES[0][0], 0.0)
     busy = sum(by_category.values())

@@ -9,7 +9,7 @@ import pytest
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.utils import Wrapper
 
-from timeslice.client._transport import in_own_task, own_tasks
+from timeslice.client._transport import call_with_retry, in_own_task, own_tasks
 
 
 async def _call(wrapper: Wrapper, started: asyncio.Event) -> str:
@@ -81,3 +81,18 @@ async def test_own_tasks_reads_a_stream_to_its_end_and_closes_it() -> None:
         async for i in items:
             break
     assert closed.is_set()
+
+
+@pytest.mark.parametrize("own_task", [True, False])
+async def test_a_retried_call_runs_in_a_task_of_its_own_unless_told_not_to(own_task: bool) -> None:
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    async def attempt(left: float | None) -> str:
+        ran_in.append(asyncio.current_task())
+        return "answered"
+
+    answer = await call_with_retry(
+        attempt, what="Call", budget_sec=None, reconnect_timeout_sec=1.0, own_task=own_task
+    )
+    assert answer == "answered"
+    assert (ran_in[0] is asyncio.current_task()) is not own_task

@@ -53,16 +53,19 @@ async def call_prepared(
     through `via`: an `H2Channel`, or a grpclib stub's channel. Its answer is read as
     strictly as a server reads a request, in one pass where it is flat
     (`decode_strict`): a malformed answer is an `InternalError` of its own, never
-    half read."""
+    half read. A grpclib call runs in a task of its own (`in_own_task`), an
+    `H2Channel`'s in the caller's: so it can be tried with `own_task=False`."""
     if isinstance(via, H2Channel):
         data = await via.unary(route, request, timeout)
     else:
         # Both messages pass the stub as bytes, which its types do not say it takes.
-        answer = await via._unary_unary(  # type: ignore[type-var]
-            route,
-            hot.Prepared(request),
-            hot.Prepared,
-            timeout=timeout,
+        answer = await in_own_task(
+            via._unary_unary(  # type: ignore[type-var]
+                route,
+                hot.Prepared(request),
+                hot.Prepared,
+                timeout=timeout,
+            )
         )
         data = answer.data
     try:
@@ -260,13 +263,17 @@ async def call_with_retry(
     conflict: type[ConflictError] = ConflictError,
     denied: type[TimeSliceError] = PermissionDeniedError,
     max_backoff_sec: float = MAX_BACKOFF_SEC,
+    own_task: bool = True,
 ) -> T:
     """Runs `attempt(seconds_left)` again while the server cannot be reached.
 
     `seconds_left` is what remains of `budget_sec` (None: no limit). Gives up with
     `UnavailableError` after `reconnect_timeout_sec` of continuous failure, or with
     `DeadlineExceededError` when the budget runs out first. Every other error is
-    raised at once. Each attempt must be safe to repeat.
+    raised at once. Each attempt must be safe to repeat. It runs in a task of its
+    own (`in_own_task`), unless `own_task` is False: an attempt that puts its
+    grpclib calls in tasks of their own (`call_prepared` does) saves the hop, a
+    turn of the loop before the request leaves.
     """
     loop = asyncio.get_running_loop()
     deadline = None if budget_sec is None else loop.time() + budget_sec
@@ -282,7 +289,7 @@ async def call_with_retry(
             ) from last_error
         try:
             with map_errors(what, conflict, denied):
-                return await in_own_task(attempt(left))
+                return await (in_own_task(attempt(left)) if own_task else attempt(left))
         except UnavailableError as error:
             if isinstance(error.__cause__, ssl.SSLCertVerificationError):
                 raise  # the same certificate is not trusted on the next try either

@@ -341,7 +341,11 @@ class AsyncSnapshotAgentClient:
                 timeout=left + _WAIT_BACKSTOP_SEC,
             )
 
-        return await self._read(f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send)
+        # `call_prepared` gives a grpclib call a task of its own: the request leaves a
+        # turn of the loop sooner (every switch waits for it).
+        return await self._read(
+            f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send, own_task=False
+        )
 
     async def wait_for_operation(
         self,
@@ -487,11 +491,17 @@ class AsyncSnapshotAgentClient:
         return self._stubs
 
     async def _read(
-        self, what: str, timeout_sec: float | None, send: Callable[[float], Awaitable[R]]
+        self,
+        what: str,
+        timeout_sec: float | None,
+        send: Callable[[float], Awaitable[R]],
+        *,
+        own_task: bool = True,
     ) -> R:
         """Sends a call that is safe to repeat, retrying while the agent is unreachable.
 
-        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``.
+        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``; it
+        runs in a task of its own unless `own_task` is False (`call_with_retry`).
         """
         _check_timeout(timeout_sec)
 
@@ -503,6 +513,7 @@ class AsyncSnapshotAgentClient:
             what=what,
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
+            own_task=own_task,
         )
 
     async def _send_once(self, what: str, send: Callable[[float], Awaitable[R]]) -> R:

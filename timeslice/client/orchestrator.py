@@ -376,12 +376,8 @@ class AsyncTimeSliceOrchestratorClient:
         sent_at = asyncio.get_running_loop().time()
         timeout = timeout_sec or self._call_timeout_sec
         with map_errors(f"KeepAlive({group}/{job})", NotHolderError):
-            response = await in_own_task(
-                self._hot(
-                    lambda via: call_prepared(
-                        via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
-                    )
-                )
+            response = await self._hot(
+                lambda via: call_prepared(via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout)
             )
         if holding is not None:
             self._leases.renewed(holding, response, sent_at)
@@ -635,7 +631,8 @@ class AsyncTimeSliceOrchestratorClient:
             timeout = self._call_timeout_sec if left is None else left
             return self._hot(lambda via: send(via, timeout))
 
-        return await self._retry(what, timeout_sec, attempt, denied)
+        # `send` is `call_prepared`'s: a grpclib call there has a task of its own.
+        return await self._retry(what, timeout_sec, attempt, denied, own_task=False)
 
     async def _retry(
         self,
@@ -643,6 +640,8 @@ class AsyncTimeSliceOrchestratorClient:
         timeout_sec: float | None,
         attempt: Callable[[float | None], Awaitable[R]],
         denied: type[TimeSliceError],
+        *,
+        own_task: bool = True,
     ) -> R:
         return await call_with_retry(
             attempt,
@@ -652,6 +651,7 @@ class AsyncTimeSliceOrchestratorClient:
             conflict=NotHolderError,
             denied=denied,
             max_backoff_sec=self._max_backoff_sec,
+            own_task=own_task,
         )
 
     async def _acquire(
@@ -684,6 +684,7 @@ class AsyncTimeSliceOrchestratorClient:
             reconnect_timeout_sec=self._reconnect_timeout_sec,
             conflict=NotHolderError,
             max_backoff_sec=self._max_backoff_sec,
+            own_task=False,  # `call_prepared` gives a grpclib call a task of its own
         )
         if more and response.success and len(response.grants) != 1 + len(more):
             await self._refuse_partial_grant(job, [group, *more], response)
@@ -762,12 +763,8 @@ class AsyncTimeSliceOrchestratorClient:
             group_id=holding.group_id, job_id=holding.job_id, lease_id=holding.lease_id
         )
         with map_errors(f"KeepAlive({holding.group_id}/{holding.job_id})", NotHolderError):
-            return await in_own_task(
-                self._hot(
-                    lambda via: call_prepared(
-                        via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout
-                    )
-                )
+            return await self._hot(
+                lambda via: call_prepared(via, _KEEP_ALIVE, request, pb.KeepAliveResponse, timeout)
             )
 
 

@@ -70,6 +70,17 @@ class NodeResult:
     steps: tuple[tuple[str, str, str, float, int], ...] = ()
 
 
+_Running = tuple[int, asyncio.Task[None], list[asyncio.Task[NodeResult]]]
+
+
+def _cancel(running: _Running) -> None:
+    """Drop a switch, and its nodes' calls with it (a call not begun never begins)."""
+    _, task, calls = running
+    task.cancel()
+    for call in calls:
+        call.cancel()
+
+
 class HandoffDriver:
     """Runs the switches the lock table starts, one task per group."""
 
@@ -85,7 +96,8 @@ class HandoffDriver:
         self.timeout = timeout
         # None: a revoked holder's snapshot has the whole switch, as any other.
         self.revoked_snapshot_timeout = revoked_snapshot_timeout
-        self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        # Per group, the switch running: its token, its task, and its nodes' calls.
+        self._running: dict[str, _Running] = {}
         self._clients: dict[str, AsyncSnapshotAgentClient] = {}
         # Each job's SwitchJob as it was last sent, encoded, by what it is made of.
         self._encoded_jobs: dict[tuple[str, str, int, str], bytes] = {}
@@ -97,9 +109,24 @@ class HandoffDriver:
         if running is not None:
             if running[0] == switch.token:
                 return
-            running[1].cancel()
-        task = asyncio.get_running_loop().create_task(self._switch(switch))
-        self._running[switch.group] = (switch.token, task)
+            _cancel(running)
+        failpoint(SWITCH_JOURNALED)
+        began = time.time()
+        deadline = began + self.timeout
+        # Read from the table, not the effect: a switch run again after a restart
+        # is started without one.
+        g = self.journaled.table.groups.get(switch.group)
+        revoked = g.revoked_job if g is not None else ""
+        loop = asyncio.get_running_loop()
+        # A task per node, started here rather than by the switch's own task: the
+        # agents are asked in the next turn of the loop, ahead of the answers that
+        # turn writes (the Yield's that started the switch among them).
+        calls = [
+            loop.create_task(self._node(node, switch, deadline, revoked))
+            for node in self.journaled.table.nodes.get(switch.group, ())
+        ]
+        task = loop.create_task(self._switch(switch, began, calls))
+        self._running[switch.group] = (switch.token, task, calls)
         task.add_done_callback(lambda _: self._forget(switch.group, task))
 
     def _forget(self, group: str, task: asyncio.Task[None]) -> None:
@@ -107,25 +134,19 @@ class HandoffDriver:
             del self._running[group]
 
     async def close(self) -> None:
-        tasks = [task for _, task in self._running.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        running = list(self._running.values())
+        for switch in running:
+            _cancel(switch)
+        await asyncio.gather(*(task for _, task, _ in running), return_exceptions=True)
         clients, self._clients = self._clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
 
-    async def _switch(self, switch: ev.SwitchStarted) -> None:
-        failpoint(SWITCH_JOURNALED)
-        began = time.time()
-        deadline = began + self.timeout
-        nodes = self.journaled.table.nodes.get(switch.group, ())
-        # Read from the table, not the effect: a switch run again after a restart
-        # is started without one.
-        g = self.journaled.table.groups.get(switch.group)
-        revoked = g.revoked_job if g is not None else ""
-        results = await asyncio.gather(
-            *(self._node(node, switch, deadline, revoked) for node in nodes)
-        )
+    async def _switch(
+        self, switch: ev.SwitchStarted, began: float, calls: list[asyncio.Task[NodeResult]]
+    ) -> None:
+        """Wait for every node's part of `switch` (`calls`), then journal its end.
+        Cancelled (a newer grant of the group), it cancels the calls."""
+        results = await asyncio.gather(*calls)
         if any(r.error == _SUPERSEDED for r in results):
             return  # a newer grant of the group took over; its switch does the work
         failpoint(SWITCH_MOVED)

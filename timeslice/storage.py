@@ -19,6 +19,8 @@ from sqlalchemy.engine import URL
 
 from timeslice.errors import InvalidArgumentError, JournalError
 
+_T = TypeVar("_T")
+
 
 def normalize_url(url: str) -> str:
     """The SQLAlchemy URL of `url`. A bare path is an SQLite file: "/var/lib/x.db"
@@ -142,9 +144,6 @@ def rollback(dbapi_connection: Any) -> None:
 
 _SQLITE_FULL = 13
 _PG_DISK_FULL = "53100"
-
-
-_T = TypeVar("_T")
 
 
 class JournalBusy(JournalError):

@@ -270,6 +270,33 @@ async def test_a_job_table_held_past_the_busy_timeout_fails_the_calls_waiting_on
     assert {j["job"] for j in saved["jobs"]} >= {"k"}
 
 
+async def test_an_agent_closed_while_its_job_table_is_held_saves_it_once_free(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "closing.db"
+    agent = Agent(node_name="n1", db=f"sqlite:///{path}", backends=BACKENDS)
+    await agent.start()
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        async with agent_stubs(agent.address) as s:
+            other.execute("BEGIN IMMEDIATE")
+            started = asyncio.ensure_future(s.agent.snapshot(snapshot("j", "g", NOOP)))
+            await asyncio.sleep(0.2)
+            assert not started.done()
+            closing = asyncio.ensure_future(agent.close())
+            await asyncio.sleep(0.3)
+            assert not closing.done()  # the last save waits for the file, off the loop
+            other.execute("ROLLBACK")
+            await asyncio.wait_for(closing, 10)
+            started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
+    finally:
+        other.close()
+        await agent.close()
+    saved = await saved_table(path)
+    assert [(j["group"], j["job"]) for j in saved["jobs"]] == [("g", "j")]
+
+
 async def saved_table(path: Path) -> dict[str, Any]:
     """The job table as saved in the agent's file (read beside the running agent)."""
     store = StateStore(str(path))

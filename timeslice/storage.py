@@ -162,12 +162,11 @@ def write_error(what: str, label: str, exc: BaseException) -> JournalError:
     return database_error(what, label, exc)
 
 
-async def while_busy(write: Callable[[], _T], timeout: float | None = None) -> _T:
+async def while_busy(write: Callable[[], _T]) -> _T:
     """`write()` (synchronous, on the loop's thread), again while it raises
-    `JournalBusy`, for as long as SQLite's busy timeout (`timeout`) would wait,
-    without holding up the loop meanwhile; then the last `JournalBusy`."""
-    limit = SQLITE_BUSY_TIMEOUT if timeout is None else timeout
-    deadline, delay = time.monotonic() + limit, 0.001
+    `JournalBusy`, for as long as SQLite's busy timeout would wait, without holding
+    up the loop meanwhile; then the last `JournalBusy`."""
+    deadline, delay = time.monotonic() + SQLITE_BUSY_TIMEOUT, 0.001
     while True:
         try:
             return write()

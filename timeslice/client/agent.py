@@ -35,7 +35,6 @@ from timeslice.client._transport import (
     call_with_retry,
     close_channel,
     credentials,
-    in_own_task,
     map_errors,
     open_channel,
     open_unary,
@@ -120,6 +119,8 @@ class _Stubs:
     def call(
         self, route: str, request: betterproto2.Message, reply: type[M], timeout: float | None
     ) -> Awaitable[M]:
+        """A unary call; through grpclib's client, in a task of its own (`call_prepared`),
+        so its callers need no task of their own for it."""
         return call_prepared(self.unary or self.agent, route, bytes(request), reply, timeout)
 
 
@@ -341,11 +342,7 @@ class AsyncSnapshotAgentClient:
                 timeout=left + _WAIT_BACKSTOP_SEC,
             )
 
-        # `call_prepared` gives a grpclib call a task of its own: the request leaves a
-        # turn of the loop sooner (every switch waits for it).
-        return await self._read(
-            f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send, own_task=False
-        )
+        return await self._read(f"SwitchGroup({group} -> {next_job_id})", timeout_sec, send)
 
     async def wait_for_operation(
         self,
@@ -491,17 +488,11 @@ class AsyncSnapshotAgentClient:
         return self._stubs
 
     async def _read(
-        self,
-        what: str,
-        timeout_sec: float | None,
-        send: Callable[[float], Awaitable[R]],
-        *,
-        own_task: bool = True,
+        self, what: str, timeout_sec: float | None, send: Callable[[float], Awaitable[R]]
     ) -> R:
         """Sends a call that is safe to repeat, retrying while the agent is unreachable.
 
-        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``; it
-        runs in a task of its own unless `own_task` is False (`call_with_retry`).
+        Each try gets what is left of ``timeout_sec``, or ``call_timeout_sec``.
         """
         _check_timeout(timeout_sec)
 
@@ -513,7 +504,7 @@ class AsyncSnapshotAgentClient:
             what=what,
             budget_sec=timeout_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
-            own_task=own_task,
+            own_task=False,  # every call here is `call_prepared`'s (`_Stubs.call`)
         )
 
     async def _send_once(self, what: str, send: Callable[[float], Awaitable[R]]) -> R:
@@ -539,7 +530,7 @@ class AsyncSnapshotAgentClient:
             reconnect_timeout_sec=self._reconnect_timeout_sec,
         )
         with map_errors(what):
-            return await in_own_task(send(self._call_timeout_sec))
+            return await send(self._call_timeout_sec)  # `call_prepared`'s: see `_Stubs.call`
 
     async def _ask(
         self, operation_id: str, wait_sec: float, budget_sec: float | None
@@ -564,6 +555,7 @@ class AsyncSnapshotAgentClient:
             what=f"GetOperation({operation_id})",
             budget_sec=budget_sec,
             reconnect_timeout_sec=self._reconnect_timeout_sec,
+            own_task=False,  # `call_prepared`'s: see `_Stubs.call`
         )
         return get_operation_response(response)
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.waiting import until
 from timeslice import Agent, AsyncSnapshotAgentClient, Orchestrator
+from timeslice.agent import link as link_module
+from timeslice.agent.link import STATE_REPORT_DELAY
 from timeslice.agent.service import AgentService
 from timeslice.client import AsyncTimeSliceOrchestratorClient, named_backend
 
@@ -74,3 +76,47 @@ async def test_status_polls_ask_no_agent_in_session_and_stay_exact(
         answer = await a.get_status()
         assert answer.group.group_state.value == "UNKNOWN"
         assert states(answer) == {}
+
+
+async def test_a_report_is_built_only_to_be_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each switch changes the job table three times on every agent; the session
+    hears of each change at once but builds and sends a report only when one is
+    due (what the orchestrator acts on changed, or `STATE_REPORT_DELAY` after a
+    change of states alone), so that a switch costs the agent no report of its own."""
+    built = 0
+    job_status = link_module.job_status
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal built
+        built += 1
+        return job_status(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(link_module, "job_status", counted)
+    async with (
+        Orchestrator() as orch,
+        Agent(
+            node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)
+        ) as agent,
+        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
+        AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
+    ):
+        for job in (a, b):
+            await job.register_job(named_backend("noop"), node="n1")
+        await until(lambda: orch.agents.in_session("n1"), "the agent in session")
+        link = agent._link
+        assert link is not None
+        await a.acquire(timeout_sec=10)
+        await a.release()
+        await asyncio.sleep(3 * STATE_REPORT_DELAY)  # the first switch's states reported
+        before_built, before_sent = built, link.reports_sent
+        changes = agent.table.version
+        for _ in range(10):  # b, then a, and so on: a switch each
+            for job in (b, a):
+                await job.acquire(timeout_sec=10)
+                await job.release()
+        assert agent.table.version - changes >= 60  # three changes a switch, at least
+        await asyncio.sleep(3 * STATE_REPORT_DELAY)  # the last switches' states reported
+        assert states(await a.get_status()) == {"a": "RUNNING", "b": "SAVED"}
+        sent = link.reports_sent - before_sent
+        assert 1 <= sent <= 5  # the states of 20 switches, in a report or a few
+        assert built - before_built == 2 * sent  # two jobs in each report, no more built

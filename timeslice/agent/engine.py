@@ -58,8 +58,9 @@ class AgentEngine:
         #: False until the agent serves, and again once it closes.
         self.serving = False
         self.closed = False
-        #: Set after every saved change of the job table (what reports wait on).
-        self.changed = asyncio.Event()
+        #: Called after every saved change of the job table (the orchestrator link's
+        #: reports), on the loop's thread, in the save's callback: it must be cheap.
+        self.changed: Callable[[], None] | None = None
         self._waiting: list[asyncio.Future[None]] = []
         self._effects: list[st.Effect] = []
         # The save to come: a callback, or while another writer holds the file a task.
@@ -164,7 +165,11 @@ class AgentEngine:
             if not done.done():
                 done.set_result(None)
         self._rearm()
-        self.changed.set()
+        if self.changed is not None:
+            try:
+                self.changed()
+            except Exception:  # the saved change stands, whatever its listener does
+                log.exception("a listener of the job table's changes failed")
 
     def _failed(self, exc: Exception) -> None:
         """Fail the callers of every change not saved: the table could not be."""

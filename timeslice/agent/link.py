@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from grpclib.client import Channel
 from grpclib.const import Cardinality
@@ -65,8 +66,7 @@ class Reporting(Protocol):
     @property
     def table(self) -> JobTable: ...
 
-    @property
-    def changed(self) -> asyncio.Event: ...
+    def watch_changes(self, listener: Callable[[], None] | None) -> None: ...
 
     def liveness(self, job: Job) -> Liveness: ...
 
@@ -108,6 +108,11 @@ class OrchestratorLink:
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._pidfds: dict[int, int] = {}
+        # While a session is open: set when a report is due; what the last one said
+        # (see `_keys`); the timer of a report of changed states alone.
+        self._report_due: asyncio.Event | None = None
+        self._reported: tuple[tuple[object, ...], tuple[object, ...]] | None = None
+        self._state_report: asyncio.TimerHandle | None = None
         self._accelerators: list[apb.AcceleratorStatus] = []
         #: Reports the orchestrator has accepted (tests and logs read it).
         self.reports_sent = 0
@@ -198,59 +203,86 @@ class OrchestratorLink:
             # connection breaks): waiting for that answer tells us.
             ended = asyncio.ensure_future(stream.recv_message())
             closing = asyncio.ensure_future(self._closing.wait())
-            last: tuple[object, ...] | None = None
-            last_states: tuple[object, ...] | None = None
-            due: asyncio.Future[None] | None = None  # when changed states are reported
+            self._reported = None
+            self._report_due = due = asyncio.Event()
+            due.set()  # the first report goes at once
+            self.agent.watch_changes(self._changed)
             try:
                 while True:
-                    self.agent.changed.clear()
-                    report = self.report()
-                    seen, states = _what_matters(report), _states(report)
-                    if seen != last or (states != last_states and due is not None and due.done()):
-                        await stream.send_message(report)
-                        self.reports_sent += 1
-                        last, last_states = seen, states
-                    elif states != last_states and due is None:
-                        due = asyncio.ensure_future(asyncio.sleep(STATE_REPORT_DELAY))
-                    if due is not None and (due.done() or states == last_states):
-                        due.cancel()
-                        due = None
-                    changed = asyncio.ensure_future(self.agent.changed.wait())
-                    waiting: set[asyncio.Future[Any]] = {ended, changed, closing}
-                    if due is not None:
-                        waiting.add(due)
+                    waiting = asyncio.ensure_future(due.wait())
                     try:
-                        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                        await asyncio.wait(
+                            {ended, waiting, closing}, return_when=asyncio.FIRST_COMPLETED
+                        )
                     finally:
-                        changed.cancel()  # also when this task is cancelled
+                        waiting.cancel()  # also when this task is cancelled
                     if closing.done() and not ended.done():
                         await stream.end()  # the agent leaves: the orchestrator answers
                         await ended
                     if ended.done():
                         ended.result()  # raises why the orchestrator ended it
                         return
+                    if due.is_set():
+                        due.clear()
+                        self._cancel_state_report()
+                        jobs = self._jobs()
+                        await stream.send_message(self._report(jobs))
+                        self.reports_sent += 1
+                        self._reported = _keys(jobs)
             finally:
-                for left in (ended, closing, due):
-                    if left is not None:
-                        left.cancel()
+                self.agent.watch_changes(None)
+                self._report_due = None
+                self._cancel_state_report()
+                for left in (ended, closing):
+                    left.cancel()
                 await asyncio.gather(ended, closing, return_exceptions=True)
+
+    def _changed(self) -> None:
+        """After every saved change of the job table, and when a watched process ends:
+        a report is due at once when what the orchestrator acts on changed, and
+        `STATE_REPORT_DELAY` later when only states did. Synchronous and cheap: it runs
+        in the save's own callback, and wakes the session only to send."""
+        due = self._report_due
+        if due is None or due.is_set() or self._reported is None:
+            return  # no session, or a report on its way that will say it all
+        seen, states = _keys(self._jobs())
+        reported_seen, reported_states = self._reported
+        if seen != reported_seen:
+            due.set()
+        elif states == reported_states:
+            self._cancel_state_report()  # back to what the orchestrator has heard
+        elif self._state_report is None:
+            self._state_report = asyncio.get_running_loop().call_later(STATE_REPORT_DELAY, due.set)
+
+    def _cancel_state_report(self) -> None:
+        if self._state_report is not None:
+            self._state_report.cancel()
+            self._state_report = None
 
     def report(self) -> opb.AgentReport:
         """The agent as the orchestrator should see it now."""
-        agent, config = self.agent, self.agent.config
+        return self._report(self._jobs())
+
+    def _jobs(self) -> list[tuple[Job, Liveness]]:
+        """Every job with its liveness now; the processes of the live ones watched
+        from here on."""
         jobs = []
         watched: set[int] = set()
-        for job in agent.table.jobs.values():
-            liveness = agent.liveness(job)
-            jobs.append(job_status(job, liveness))
+        for job in self.agent.table.jobs.values():
+            liveness = self.agent.liveness(job)
+            jobs.append((job, liveness))
             if liveness is Liveness.ALIVE:
                 watched |= {int(c.removeprefix("pid:")) for c in job.claims if c.startswith("pid:")}
         self._watch(watched)
+        return jobs
+
+    def _report(self, jobs: list[tuple[Job, Liveness]]) -> opb.AgentReport:
+        agent, config = self.agent, self.agent.config
         return opb.AgentReport(
             node_name=config.node_name,
             address=config.advertise or agent.address,
             groups=list(config.groups),
-            jobs=jobs,
+            jobs=[job_status(job, liveness) for job, liveness in jobs],
             accelerators=self._accelerators,
             token_key=self.token_key,
             table_version=agent.table.version,
@@ -271,7 +303,7 @@ class OrchestratorLink:
 
     def _ended(self, pid: int) -> None:
         self._unwatch(pid)
-        self.agent.changed.set()
+        self._changed()
 
     def _unwatch(self, pid: int) -> None:
         fd = self._pidfds.pop(pid, None)
@@ -281,13 +313,9 @@ class OrchestratorLink:
             os.close(fd)
 
 
-def _states(report: opb.AgentReport) -> tuple[object, ...]:
-    """Where a report says each job's context is."""
-    return tuple(sorted((j.group, j.job_id, int(j.state)) for j in report.jobs))
-
-
-def _what_matters(report: opb.AgentReport) -> tuple[object, ...]:
-    """What of a report the orchestrator acts on: the agent itself, and which jobs
-    it has with which liveness (not where their contexts are)."""
-    jobs = sorted((j.group, j.job_id, int(j.liveness)) for j in report.jobs)
-    return (report.node_name, report.address, tuple(report.groups), tuple(jobs))
+def _keys(jobs: list[tuple[Job, Liveness]]) -> tuple[tuple[object, ...], tuple[object, ...]]:
+    """What of a report the orchestrator acts on (which jobs there are, with which
+    liveness), and where each job's context is."""
+    seen = tuple(sorted((job.group, job.job, liveness.value) for job, liveness in jobs))
+    states = tuple(sorted((job.group, job.job, job.state.value) for job, _ in jobs))
+    return seen, states

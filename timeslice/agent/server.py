@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -113,10 +114,10 @@ class Agent:
         """The job table (read it; only the engine changes it)."""
         return self.engine.table
 
-    @property
-    def changed(self) -> asyncio.Event:
-        """Set after every saved change of the job table (what reports wait on)."""
-        return self.engine.changed
+    def watch_changes(self, listener: Callable[[], None] | None) -> None:
+        """Have `listener` called after every saved change of the job table (None:
+        nobody), in the save's own callback: it must be cheap."""
+        self.engine.changed = listener
 
     # --- lifecycle --------------------------------------------------------------------
 

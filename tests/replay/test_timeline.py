@@ -80,6 +80,28 @@ def test_a_switch_has_its_parts_from_the_journal() -> None:
     assert [s.node for s in second.steps] == ["n1", "n2", "n1", "n2"]
 
 
+def test_agents_figures_rounded_past_the_switchs_end_are_drawn_within_it() -> None:
+    """The agents report whole milliseconds of their own clocks: their parts can add
+    up to more than the time between the switch's start on the agents and its end.
+    The parts stay as reported; what is drawn of them ends with the switch, and no
+    overhead is counted where the agents worked."""
+    events = two_node_handover()
+    events[-1] = ev.SwitchDone(
+        now=at(11),
+        group="g",
+        token=2,
+        restored=True,
+        began=at(10.25),
+        steps=(("n1", "A", "snapshot", 0.5, 200), ("n1", "B", "restore", 0.375, 100)),
+    )
+    tl = fold(*events)
+    second = tl.switches[1]
+    assert (second.snapshot, second.restore) == (0.5, 0.375)  # as the agents said
+    assert second.overhead == 0.25  # before the agents began; none after
+    assert [(s.start, s.end) for s in spans(tl, "snapshot", "A")] == [(10.25, 10.75)]
+    assert [(s.start, s.end) for s in spans(tl, "restore", "B")] == [(10.75, 11.0)]
+
+
 def test_holds_waits_and_moves_are_drawn_where_they_happened() -> None:
     tl = fold(*two_node_handover())
     assert spans(tl, "hold", "A") == [Span("g", "A", "hold", 2.0, 10.0, waited=1.0, switch=0)]

@@ -522,7 +522,13 @@ class _JournalFold:
         restore = max(restores, default=0.0)
         began = e.began - self.origin if e.began else p.decided
         start = min(p.decided, began)
-        work = [(began, began + snapshot), (began + snapshot, began + snapshot + restore)]
+
+        def within(seconds: float) -> float:
+            # The agents' figures are whole milliseconds of their own clocks: where
+            # they add up past the switch's end, what is drawn ends with the switch.
+            return began + min(seconds, max(0.0, t - began))
+
+        work = [(began, within(snapshot)), (within(snapshot), within(snapshot + restore))]
         index = len(self.switches)
         failed = granted is None
         error = e.error or ("the switch failed" if failed else "")
@@ -552,15 +558,15 @@ class _JournalFold:
         )
         for job, seconds in snaps.items():
             self.seen(e.group, job)
-            self.spans.append(Span(e.group, job, "snapshot", began, began + seconds, switch=index))
+            self.spans.append(Span(e.group, job, "snapshot", began, within(seconds), switch=index))
         if restores:
             self.spans.append(
                 Span(
                     e.group,
                     p.job,
                     "restore",
-                    began + snapshot,
-                    began + snapshot + restore,
+                    within(snapshot),
+                    within(snapshot + restore),
                     note=error,
                     switch=index,
                 )

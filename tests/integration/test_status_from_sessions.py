@@ -4,6 +4,8 @@ report and from their answers to switches: no agent is asked anything per call."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,6 +23,26 @@ def states(status: object) -> dict[str, str]:
     return {s.job_id: s.job_state.value for s in status.agent_job_states}  # type: ignore[attr-defined]
 
 
+@contextlib.asynccontextmanager
+async def two_jobs_on_an_agent_in_session() -> AsyncIterator[
+    tuple[Orchestrator, Agent, AsyncTimeSliceOrchestratorClient, AsyncTimeSliceOrchestratorClient]
+]:
+    """An orchestrator, an agent of node n1 in session with it, and jobs a and b of
+    group g (on n1, with the noop backend)."""
+    async with (
+        Orchestrator() as orch,
+        Agent(
+            node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)
+        ) as agent,
+        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
+        AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
+    ):
+        for job in (a, b):
+            await job.register_job(named_backend("noop"), node="n1")
+        await until(lambda: orch.agents.in_session("n1"), "the agent in session")
+        yield orch, agent, a, b
+
+
 async def test_status_polls_ask_no_agent_in_session_and_stay_exact(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -33,17 +55,7 @@ async def test_status_polls_ask_no_agent_in_session_and_stay_exact(
         return await status(self, message)  # type: ignore[arg-type]
 
     monkeypatch.setattr(AgentService, "status", counted)
-    async with (
-        Orchestrator() as orch,
-        Agent(
-            node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)
-        ) as agent,
-        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
-        AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
-    ):
-        for job in (a, b):
-            await job.register_job(named_backend("noop"), node="n1")
-        await until(lambda: orch.agents.in_session("n1"), "the agent in session")
+    async with two_jobs_on_an_agent_in_session() as (orch, agent, a, b):
         await a.acquire(timeout_sec=10)
         waiting = asyncio.ensure_future(b.acquire(timeout_sec=10))
         await until(lambda: "b" in orch.table.groups["g"].queue, "b waits")
@@ -92,17 +104,7 @@ async def test_a_report_is_built_only_to_be_sent(monkeypatch: pytest.MonkeyPatch
         return job_status(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(link_module, "job_status", counted)
-    async with (
-        Orchestrator() as orch,
-        Agent(
-            node_name="n1", backends=("noop",), orchestrator=orch.address, groups=("g",)
-        ) as agent,
-        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
-        AsyncTimeSliceOrchestratorClient(orch.address, "b", "g") as b,
-    ):
-        for job in (a, b):
-            await job.register_job(named_backend("noop"), node="n1")
-        await until(lambda: orch.agents.in_session("n1"), "the agent in session")
+    async with two_jobs_on_an_agent_in_session() as (orch, agent, a, b):
         link = agent._link
         assert link is not None
         await a.acquire(timeout_sec=10)

@@ -226,9 +226,10 @@ class OrchestratorLink:
                         due.clear()
                         self._cancel_state_report()
                         jobs = self._jobs()
+                        # Changes made while it is sent are weighed against it.
+                        self._reported = _keys(jobs)
                         await stream.send_message(self._report(jobs))
                         self.reports_sent += 1
-                        self._reported = _keys(jobs)
             finally:
                 self.agent.watch_changes(None)
                 self._report_due = None

@@ -260,10 +260,6 @@ class OrchestratorLink:
             self._state_report.cancel()
             self._state_report = None
 
-    def report(self) -> opb.AgentReport:
-        """The agent as the orchestrator should see it now."""
-        return self._report(self._jobs())
-
     def _jobs(self) -> list[tuple[Job, Liveness]]:
         """Every job with its liveness now; the processes of the live ones watched
         from here on."""
@@ -278,6 +274,7 @@ class OrchestratorLink:
         return jobs
 
     def _report(self, jobs: list[tuple[Job, Liveness]]) -> opb.AgentReport:
+        """The agent as the orchestrator should see it, with `jobs` (see `_jobs`)."""
         agent, config = self.agent, self.agent.config
         return opb.AgentReport(
             node_name=config.node_name,

@@ -28,8 +28,8 @@ from timeslice.api.h2core import (
     StreamReset,
     StreamWritable,
     frame,
-    header_block,
 )
+from timeslice.api.header_blocks import header_block
 
 REQUEST = [
     (":method", "POST"),

@@ -30,8 +30,8 @@ from timeslice.api.h2core import (
     StreamWritable,
     TrailersReceived,
     frame,
-    header_block,
 )
+from timeslice.api.header_blocks import header_block
 
 REQUEST = header_block(
     [

@@ -47,8 +47,8 @@ from timeslice.api.h2core import (
     StreamReset,
     TrailersReceived,
     code_name,
-    header_block,
 )
+from timeslice.api.header_blocks import header_block
 
 #: The largest answer a call takes (its message's bytes).
 MAX_REPLY = 16 * 1024 * 1024

@@ -27,10 +27,10 @@ client, or the server a client calls):
 - what waits to be written is bounded too: a peer that sends but does not read
   is dropped once `max_unsent` bytes wait for it.
 
-What either end sends is encoded without HPACK's dynamic table (literal fields
-"without indexing"), so every constant header block is the same bytes on every
-connection and costs nothing to build. What it receives is decoded with `hpack`,
-the decoder h2 uses.
+Header blocks are written and read by `timeslice.api.header_blocks`: what
+either end sends uses no dynamic table, so every constant block is the same
+bytes on every connection; what it receives is read there in one pass when it is
+of that plain kind, and by `hpack` (the decoder h2 uses) when it is not.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
-import hpack
 from hpack.exceptions import HPACKError
+
+from timeslice.api.header_blocks import BlockReader
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _MAX_WINDOW = 2**31 - 1
@@ -245,39 +245,6 @@ class _StreamViolation(Exception):
 # --- the encoding of what either end sends ----------------------------------------------
 
 
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
-    """An HPACK integer (RFC 7541 5.1) whose first byte starts with `first`."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _string(value: bytes) -> bytes:
-    return _integer(len(value), 7, 0) + value
-
-
-def header_block(headers: list[tuple[str, str]]) -> bytes:
-    """`headers` as an HPACK block that uses no dynamic table: each field a literal
-    "without indexing" with a literal name, except ":status: 200", indexed (the
-    static table's 8th entry)."""
-    out = bytearray()
-    for name, value in headers:
-        if name == ":status" and value == "200":
-            out.append(0x88)
-            continue
-        out.append(0x00)
-        out += _string(name.encode("ascii"))
-        out += _string(value.encode("utf-8"))
-    return bytes(out)
-
-
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     """One HTTP/2 frame: the 9-byte header, then `payload`."""
     n = len(payload)
@@ -335,8 +302,9 @@ class _Connection:
         self._settings_seen = False
         self._streams: dict[int, _Stream] = {}
         self._last_stream = 0  # the highest stream id opened (by the client)
-        self._decoder = hpack.Decoder(max_header_list_size=self.limits.max_header_list_size)
-        self._decoder.max_allowed_table_size = self.limits.header_table_size
+        self._header_reader = BlockReader(
+            self.limits.max_header_list_size, self.limits.header_table_size
+        )
         self._block: bytearray | None = None  # a header block awaiting CONTINUATION
         self._block_stream = 0
         self._block_flags = 0
@@ -522,11 +490,10 @@ class _Connection:
     def _header_block_done(self) -> None:
         block, self._block = bytes(self._block or b""), None
         stream_id, flags = self._block_stream, self._block_flags
-        # Decoded whatever becomes of the stream: the decoder's table must follow
+        # Read whatever becomes of the stream: the decoder's table must follow
         # every block the peer encoded.
         try:
-            # raw=False: a list of (name, value) str tuples.
-            headers = cast(list[tuple[str, str]], self._decoder.decode(block, raw=False))
+            headers = self._header_reader.read(block)
         except HPACKError as exc:
             raise ProtocolViolation(
                 ErrorCode.COMPRESSION_ERROR, f"bad header block: {exc}"

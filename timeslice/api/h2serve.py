@@ -53,8 +53,8 @@ from timeslice.api.h2core import (
     StreamEnded,
     StreamReset,
     StreamWritable,
-    header_block,
 )
+from timeslice.api.header_blocks import header_block
 from timeslice.errors import Code
 
 log = logging.getLogger(__name__)

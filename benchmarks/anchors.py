@@ -134,10 +134,6 @@ class OurLock:
     async def release(self) -> None:
         await self._client.release()
 
-    async def contenders(self) -> int:
-        group = (await self._client.get_status()).group
-        return 1 + len(group.waiting_jobs) if group is not None else 0
-
 
 _OUR_JOBS = itertools.count()
 
@@ -171,14 +167,14 @@ def lock_of(system: str, connection: Any, name: str) -> Lock:
     return RedisLock(connection, name) if system == "redis" else EtcdLock(connection, name)
 
 
-async def queued(lock: Lock) -> bool:
+async def queued(lock: EtcdLock | RedisLock) -> bool:
     """Whether a second job waits for `lock` in its server."""
     if isinstance(lock, RedisLock):
         return await lock.blocked() >= 1
     return await lock.contenders() >= 2
 
 
-async def until_queued(lock: Lock) -> None:
+async def until_queued(lock: EtcdLock | RedisLock) -> None:
     while not await queued(lock):
         await asyncio.sleep(0.0005)  # as often as `handoff.py` asks ours
 
@@ -243,8 +239,10 @@ def wait_for_lock(conn: Connection, system: str, address: str) -> None:
 async def handoffs(
     system: str, server: Any, samples: int, warmup: int, settle: float
 ) -> list[float]:
-    if system in STUBBED:
-        return (await measure_handoffs(server.address, samples, warmup, settle)).latency
+    if system in OURS:
+        handoffs = await measure_handoffs(server.address, samples, warmup, settle,
+                                          through_client=system == "ours-client")  # fmt: skip
+        return handoffs.latency
     return await measure_baseline_handoffs(system, server.address, samples, warmup, settle)
 
 

@@ -27,7 +27,7 @@ import pstats
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,6 +60,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from timeslice.api import h2serve  # noqa: E402
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb  # noqa: E402
+from timeslice.client import AsyncTimeSliceOrchestratorClient  # noqa: E402
 
 HANDOFF_GROUP = "handoff"
 JOB_A, JOB_B = "job-a", "job-b"
@@ -77,23 +78,28 @@ class Handoffs:
 
 
 async def measure_handoffs(
-    address: str, samples: int, warmup: int, settle: float, echo_address: str | None = None
+    address: str,
+    samples: int,
+    warmup: int,
+    settle: float,
+    echo_address: str | None = None,
+    *,
+    through_client: bool = False,
 ) -> Handoffs:
     """A holds the group and B waits in its queue (durably: the run pauses `settle`
     seconds after B shows up there); then A yields. With `echo_address`, each
     sample also times one echo after the same pause, so that both start from the
-    same idle machine and share its background load."""
-    parent, child = multiprocessing.get_context("spawn").Pipe()
-    waiter = multiprocessing.get_context("spawn").Process(
-        target=wait_in_queue, args=(child, address), name="bench-job-b", daemon=True
-    )
+    same idle machine and share its background load. A and B call through grpclib
+    stubs, or with `through_client` through timeslice's own client."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    waiter = context.Process(target=wait_in_queue, args=(child, address, through_client),
+                             name="bench-job-b", daemon=True)  # fmt: skip
     waiter.start()
     result = Handoffs([], [], [], [])
     try:
         async with contextlib.AsyncExitStack() as stack:
-            a = pb.TimeSliceOrchestratorServiceStub(
-                await stack.enter_async_context(channel(address)), timeout=CALL_TIMEOUT
-            )
+            a = await stack.enter_async_context(as_job(address, JOB_A, through_client))
             status = pb.TimeSliceOrchestratorServiceStub(
                 await stack.enter_async_context(channel(address)), timeout=CALL_TIMEOUT
             )
@@ -110,12 +116,12 @@ async def measure_handoffs(
                     t0 = now()
                     await echo.echo(echo_message)
                     t_echo = now() - t0
-                await a.acquire(pb.AcquireRequest(job_id=JOB_A, group_id=HANDOFF_GROUP))
+                await a.acquire()
                 parent.send("acquire")
                 await _until_queued(status, JOB_B)
                 await asyncio.sleep(settle)
                 t0 = now()
-                await a.yield_(pb.YieldRequest(job_id=JOB_A, group_id=HANDOFF_GROUP))
+                await a.release()
                 t_yield = now() - t0
                 t1 = await asyncio.wait_for(receive(parent), CALL_TIMEOUT)
                 if i >= warmup:
@@ -132,6 +138,32 @@ async def measure_handoffs(
     return result
 
 
+@dataclass
+class Job:
+    """A job of the handoff group, as the loops call it: Acquire, and Yield."""
+
+    acquire: Callable[[], Awaitable[Any]]
+    release: Callable[[], Awaitable[Any]]
+
+
+@contextlib.asynccontextmanager
+async def as_job(address: str, job: str, through_client: bool) -> AsyncIterator[Job]:
+    """`job` of the handoff group, calling through grpclib stubs (each request built
+    as it is sent), or through timeslice's client (no lease to keep alive)."""
+    if through_client:
+        async with AsyncTimeSliceOrchestratorClient(
+            address, job, HANDOFF_GROUP, lease_ttl_sec=None, call_timeout_sec=CALL_TIMEOUT
+        ) as client:
+            yield Job(acquire=lambda: client.acquire(), release=client.release)
+        return
+    async with channel(address) as ch:
+        stub = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+        yield Job(
+            acquire=lambda: stub.acquire(pb.AcquireRequest(job_id=job, group_id=HANDOFF_GROUP)),
+            release=lambda: stub.yield_(pb.YieldRequest(job_id=job, group_id=HANDOFF_GROUP)),
+        )
+
+
 async def _until_queued(status: pb.TimeSliceOrchestratorServiceStub, job: str) -> None:
     request = pb.GetGroupStatusRequest(group_id=HANDOFF_GROUP)
     while True:
@@ -141,18 +173,17 @@ async def _until_queued(status: pb.TimeSliceOrchestratorServiceStub, job: str) -
         await asyncio.sleep(0.0005)
 
 
-def wait_in_queue(conn: Connection, address: str) -> None:
+def wait_in_queue(conn: Connection, address: str, through_client: bool = False) -> None:
     """Process entry point for job B: on each "acquire", block in Acquire, stamp the
     moment it returns, yield, and report the stamp."""
 
     async def run() -> None:
-        async with channel(address) as ch:
-            b = pb.TimeSliceOrchestratorServiceStub(ch, timeout=CALL_TIMEOUT)
+        async with as_job(address, JOB_B, through_client) as b:
             conn.send("ready")
             while await receive(conn) == "acquire":
-                await b.acquire(pb.AcquireRequest(job_id=JOB_B, group_id=HANDOFF_GROUP))
+                await b.acquire()
                 t1 = now()
-                await b.yield_(pb.YieldRequest(job_id=JOB_B, group_id=HANDOFF_GROUP))
+                await b.release()
                 conn.send(t1)
 
     asyncio.run(run())

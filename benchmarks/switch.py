@@ -5,7 +5,8 @@
 In one run, side by side, every server in a process of its own:
 
   echo       a plain grpclib unary round trip (benchmarks/common.py's echo server):
-             back to back, and after the same pause as each Yield below (paced).
+             back to back (a share of them in each block below), and after the
+             same pause as each Yield below (paced).
   handoff    an orchestrator whose group has no nodes: from job A sending Yield to
              job B's blocked Acquire returning (benchmarks/handoff.py's loop; B is
              another process and stamps the time itself).
@@ -13,7 +14,9 @@ In one run, side by side, every server in a process of its own:
              each with its own agent process (noop backend, SQLite job table on
              disk), A and B registered with the noop backend: before B's Acquire
              returns, both agents snapshot A and restore B. Each round also
-             switches back to A (A's next Acquire), unmeasured.
+             switches back to A (A's next Acquire), unmeasured. A and B call
+             through grpclib stubs, and in loops of their own through timeslice's
+             client.
   hostmem    two host-memory workload processes (tests/workloads/hostmem_worker.py,
              --mib each) registered with one agent, on a group of that node;
              this process alternates them as holders: Yield sent -> the other's
@@ -25,11 +28,13 @@ The groups name their nodes by the agents' addresses (SetGroupNodes), so that no
 switch waits for an agent to register; each agent is also in session with the
 orchestrator, as in a deployment (`--orchestrator`).
 
-Plain handoffs and noop switches are measured in interleaved blocks, so that both
-share the machine's background load. Both orchestrators journal to SQLite files
-in a temporary directory with their defaults (WAL, synchronous=FULL). A last,
-shorter batch of switches runs with a Watch open on the group to split each
-switch at the orchestrator's SWITCH_STARTED and GRANTED events.
+Back-to-back echoes, plain handoffs and noop switches (both ways of calling) are
+measured in interleaved blocks, so that all of them share the machine's
+background load: each ratio divides figures of the same minutes. Both
+orchestrators journal to SQLite files in a temporary directory with their
+defaults (WAL, synchronous=FULL). A last, shorter batch of switches runs with a
+Watch open on the group to split each switch at the orchestrator's
+SWITCH_STARTED and GRANTED events.
 """
 
 from __future__ import annotations
@@ -351,14 +356,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 {HANDOFF_GROUP: (JOB_A, JOB_B)},
             )
 
-            back_to_back = await measure_echo(echo.address, args.echoes, args.warmup)
-            handoffs, switches = [], []
-            for n in per_block:  # interleaved: both share the same background load
+            back_to_back: list[float] = []
+            handoffs, switches, client_switches = [], [], []
+            for n in per_block:  # interleaved: all share the same background load
+                back_to_back += await measure_echo(
+                    echo.address, max(1, args.echoes // blocks), args.warmup
+                )
                 handoffs.append(
                     await measure_handoffs(plain.address, n, args.warmup, settle, echo.address)
                 )
                 switches.append(
                     await measure_handoffs(switching, n, args.warmup, settle, echo.address)
+                )
+                client_switches.append(
+                    await measure_handoffs(
+                        switching, n, args.warmup, settle, echo.address, through_client=True
+                    )
                 )
             direct = await measure_agent_switches(
                 switching, agents, args.rounds, args.warmup, settle
@@ -379,9 +392,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         switching, agents[0], args.mib, args.switches, settle, tmp, *options
                     ))  # fmt: skip
                 hostmem, whole = (merge_hostmem(runs[tagged]) for tagged in (True, False))
-    handoff, switch = merge(handoffs), merge(switches)
+    handoff, switch, client = merge(handoffs), merge(switches), merge(client_switches)
     echo_p50 = statistics.median(back_to_back)
-    paced = handoff.echo + switch.echo
+    paced = handoff.echo + switch.echo + client.echo
     paced_p50 = statistics.median(paced)
     handoff_p50 = statistics.median(handoff.latency)
     switch_p50 = statistics.median(switch.latency)
@@ -391,10 +404,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         **stats("echo_paced", paced),
         **stats("handoff", handoff.latency),
         **stats("switch_noop", switch.latency),
+        **stats("switch_noop_client", client.latency),
         **stats("agents_switch_group", direct),
         **stats("yield_rtt_handoff", handoff.yield_rtt),
         **stats("yield_rtt_switch", switch.yield_rtt),
         "switch_noop_over_echo": switch_p50 / echo_p50,
+        "switch_noop_client_over_echo": statistics.median(client.latency) / echo_p50,
         "switch_added_ms": added * ms,
         "switch_added_echo_rtts": added / echo_p50,
         "switch_noop_over_echo_paced": switch_p50 / paced_p50,
@@ -451,7 +466,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "blocks": blocks,
         "warmup": args.warmup,
-        "echoes_back_to_back": args.echoes,
+        "echoes_back_to_back": max(1, args.echoes // blocks) * blocks,
         "settle_ms": args.settle_ms,
         "split_rounds": args.split_rounds,
         "mib": args.mib,
@@ -489,6 +504,7 @@ def print_table(r: dict[str, Any]) -> None:
     row("handoff p50, no nodes  (vs echo)", r["handoff_p50_ms"], echo)
     row("switch p50, 2 agents, noop  (vs echo)", r["switch_noop_p50_ms"], echo)
     row("switch p99, 2 agents, noop  (vs echo p99)", r["switch_noop_p99_ms"], r["echo_p99_ms"])
+    row("switch p50 through timeslice's client  (vs echo)", r["switch_noop_client_p50_ms"], echo)
     row("switch p50  (vs handoff p50)", r["switch_noop_p50_ms"], r["handoff_p50_ms"])
     row("agents alone: SwitchGroup to both, p50 (vs echo)", r["agents_switch_group_p50_ms"], echo)
     row("added by the agents: switch p50 - handoff p50 (vs echo)", r["switch_added_ms"], echo)
@@ -508,6 +524,7 @@ def print_table(r: dict[str, Any]) -> None:
     target = r["target_echo_rtts"]
     for label, key in [
         ("switch noop p50 / echo p50", "switch_noop_over_echo"),
+        ("switch noop p50 through timeslice's client / echo p50", "switch_noop_client_over_echo"),
         ("(switch p50 - handoff p50) / echo p50", "switch_added_echo_rtts"),
     ]:
         verdict = "met" if r[key] <= target else "NOT met"
@@ -550,6 +567,9 @@ def summary(r: dict[str, Any]) -> list[Row]:
         Row("noop switch p50, 2 agents: Yield sent -> B's Acquire returned",
             r["switch_noop_p50_ms"], r["echo_p50_ms"], "ms",
             f"{echo}; {p['rounds']} switches"),
+        Row("noop switch p50 through timeslice's client", r["switch_noop_client_p50_ms"],
+            r["echo_p50_ms"], "ms", f"{echo}; {p['rounds']} switches, A and B through "
+            "timeslice's client (above: through grpclib stubs)"),
         Row("noop switch p50 against a handoff without nodes", r["switch_noop_p50_ms"],
             r["handoff_p50_ms"], "ms", "baseline: the same loop on a group without nodes"),
         Row("added by the agents: switch p50 - handoff p50", r["switch_added_ms"],

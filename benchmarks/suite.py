@@ -75,6 +75,7 @@ BENCHMARKS = (
     Benchmark("secure", "handoff and cycles with TLS and tokens against the same without",
               300, 90, ("--rounds", "2")),
     Benchmark("syscalls", "socket writes per unary call against grpclib's own (strace)", 90, 60),
+    Benchmark("header_blocks", "reading a call's header blocks against hpack's decoder", 60, 30),
     Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
               180, 60),
     Benchmark("anchors", "handoff and 100-job cycles against etcd's v3lock and Redis",

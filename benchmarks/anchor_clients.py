@@ -1,5 +1,6 @@
 """The two lock services `anchors.py` measures ours against, as clients: etcd's
-v3lock gRPC service and a Redis list used as a lock.
+v3lock gRPC service and a Redis list used as a lock; and ours called the way
+etcd is (`OurWireLock`), so that the two servers meet behind the same client.
 
 etcd is called through grpclib, the client stack ours is called through, over
 the same channels (`common.channel`). grpclib's default codec asks a message for
@@ -15,6 +16,14 @@ of etcd's published protos (`v3lockpb/v3lock.proto`, `etcdserverpb/rpc.proto`):
   RangeRequest{key bytes = 1, range_end bytes = 2, count_only bool = 9}
   RangeResponse{header = 1, kvs = 2, more = 3, count int64 = 4}
 
+and ours the same way, with the field numbers of our own protos
+(`timeslice/api/proto/timeslice_orchestrator/v1alpha1/orchestrator.proto`):
+
+  AcquireRequest{job_id = 1, group_id = 2}    AcquireResponse{success = 1, fencing_token = 101}
+  YieldRequest{job_id = 1, group_id = 2, fencing_token = 101}   YieldResponse{success = 1}
+  GetGroupStatusRequest{group_id = 1}
+  GetGroupStatusResponse{group = 1}           GroupStatus{locking_job = 4, waiting_jobs = 101}
+
 Redis is called through the `redis` package (redis.asyncio, a test extra): the
 client most Python programs use, kept up to date with the server's protocol, so
 that its figures are Redis's and not those of a client of our own. A lock is a
@@ -25,6 +34,8 @@ queue for the key, served first come, first served), releasing is `LPUSH`.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import AsyncIterator
 from typing import Any, Self
 
@@ -198,6 +209,61 @@ class EtcdLock:
         """Holders and waiters: etcd keeps one key per contender under `name/`."""
         reply = await call(self.channel, RANGE, count_request(self.name + b"/"))
         return int64(decode(reply), 4)
+
+
+# --- ours, called as etcd is ------------------------------------------------------------
+
+OURS = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
+_OUR_JOBS = itertools.count()
+
+
+def job_request(job: bytes, group: bytes, fencing_token: int = 0) -> bytes:
+    """An AcquireRequest, or a YieldRequest (the same first two fields; a Yield may
+    carry the grant's fencing token)."""
+    return field(1, job) + field(2, group) + field(101, fencing_token)
+
+
+def granted_token(data: bytes, what: str) -> int:
+    """The fencing token of an AcquireResponse or YieldResponse (0 for a Yield);
+    one without success raised."""
+    fields = decode(data)
+    if not int64(fields, 1):
+        raise RuntimeError(f"{what} answered without success")
+    return int64(fields, 101)
+
+
+def contenders_of(data: bytes) -> int:
+    """The holder and the queued jobs a GetGroupStatusResponse lists."""
+    group = decode(blob(decode(data), 1))
+    return bool(blob(group, 4)) + len(group.get(101, []))
+
+
+class OurWireLock:
+    """Our group `name` as a lock, called as `EtcdLock` calls etcd: through grpclib
+    over `channel` (which other locks may share), each message encoded and read
+    by hand, only the fields a lock needs. Each lock is a job of its own; its
+    release is a Yield with the fencing token its grant returned, as etcd's
+    Unlock carries the key its Lock returned. No lease."""
+
+    def __init__(self, channel: Channel, name: str) -> None:
+        self.channel, self.group = channel, name.encode()
+        self.job = f"job-{os.getpid()}-{next(_OUR_JOBS)}".encode()
+        self.token = 0  # while held: the fencing token of this holder's grant
+
+    async def acquire(self) -> None:
+        """Block until the group is ours."""
+        reply = await call(self.channel, OURS + "Acquire", job_request(self.job, self.group))
+        self.token = granted_token(reply, "Acquire")
+
+    async def release(self) -> None:
+        request = job_request(self.job, self.group, self.token)
+        granted_token(await call(self.channel, OURS + "Yield", request), "Yield")
+        self.token = 0
+
+    async def contenders(self) -> int:
+        """The holder and the jobs queued, as the group's status lists them."""
+        reply = await call(self.channel, OURS + "GetGroupStatus", field(1, self.group))
+        return contenders_of(reply)
 
 
 # --- Redis --------------------------------------------------------------------------------

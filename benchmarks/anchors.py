@@ -14,7 +14,11 @@ The three servers run at once, each in a process of its own, all durable:
          timeslice's own client (`AsyncTimeSliceOrchestratorClient`: its Acquire
          and Yield on `timeslice.api.h2client`), one client (and connection) per
          job; its rows are against etcd's. `ours` and `ours-grpclib` are called
-         through plain grpclib stubs, as etcd is.
+         through plain grpclib stubs (betterproto2's messages).
+  ours-wire  the same orchestrator as `ours`, called exactly as etcd is: grpclib,
+         the messages encoded and read by hand, only the fields a lock needs
+         (`anchor_clients.OurWireLock`), the same handoff and cycle code; the two
+         servers compared behind one client. Its rows are against etcd's.
   etcd   etcd 3.4 (Debian's etcd-server), one member, its write-ahead log fsynced
          before a write is answered; a lock is etcd's v3lock service (Lock with
          a lease, Unlock with the key it returned), called through grpclib as
@@ -68,7 +72,12 @@ if not __package__:  # run as a script: the benchmarks are imported as a package
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks import anchor_servers  # noqa: E402
-from benchmarks.anchor_clients import EtcdLock, RedisLock, redis_connection  # noqa: E402
+from benchmarks.anchor_clients import (  # noqa: E402
+    EtcdLock,
+    OurWireLock,
+    RedisLock,
+    redis_connection,
+)
 from benchmarks.common import (  # noqa: E402
     CALL_TIMEOUT,
     Bind,
@@ -94,11 +103,15 @@ from benchmarks.handoff import acquire_yield, measure_handoffs  # noqa: E402
 from timeslice.client import AsyncTimeSliceOrchestratorClient  # noqa: E402
 
 BASELINES = ("etcd", "redis")
-# Ours three times: on our own HTTP/2 server (the default) and on grpclib's
-# (`http2="grpclib"`), called through grpclib stubs; and on our own, called through
-# timeslice's client (a lock of `OurLock`, as the baselines' locks are driven).
-OURS = {"ours": "h2core", "ours-grpclib": "grpclib", "ours-client": "h2core"}
+# Ours four times: on our own HTTP/2 server (the default) and on grpclib's
+# (`http2="grpclib"`), called through grpclib stubs; on our own, called through
+# timeslice's client (a lock of `OurLock`, as the baselines' locks are driven);
+# and on our own, called as etcd is (`OurWireLock`).
+OURS = {"ours": "h2core", "ours-grpclib": "grpclib", "ours-client": "h2core",
+        "ours-wire": "h2core"}  # fmt: skip
 STUBBED = ("ours", "ours-grpclib")
+# The systems whose handoffs and cycles run through a lock object of `lock_of`.
+LOCKED = ("ours-wire", *BASELINES)
 HANDOFF_LOCK = "handoff"
 # Seconds the cycle loops have to end their cycles once a window closes.
 DRAIN_S = 10.0
@@ -148,9 +161,9 @@ async def our_connection(address: str) -> AsyncIterator[OurConnection]:
             await client.close()
 
 
-Lock = EtcdLock | RedisLock | OurLock
+Lock = EtcdLock | RedisLock | OurLock | OurWireLock
 
-# --- the baselines' handoff -------------------------------------------------------------------
+# --- handoffs through a lock object: the baselines, and ours called as etcd is ------------
 
 
 def connector(system: str) -> Connect:
@@ -164,22 +177,24 @@ def connector(system: str) -> Connect:
 def lock_of(system: str, connection: Any, name: str) -> Lock:
     if system == "ours-client":
         return OurLock(connection, name)
+    if system == "ours-wire":
+        return OurWireLock(connection, name)
     return RedisLock(connection, name) if system == "redis" else EtcdLock(connection, name)
 
 
-async def queued(lock: EtcdLock | RedisLock) -> bool:
+async def queued(lock: EtcdLock | RedisLock | OurWireLock) -> bool:
     """Whether a second job waits for `lock` in its server."""
     if isinstance(lock, RedisLock):
         return await lock.blocked() >= 1
     return await lock.contenders() >= 2
 
 
-async def until_queued(lock: EtcdLock | RedisLock) -> None:
+async def until_queued(lock: EtcdLock | RedisLock | OurWireLock) -> None:
     while not await queued(lock):
         await asyncio.sleep(0.0005)  # as often as `handoff.py` asks ours
 
 
-async def measure_baseline_handoffs(
+async def measure_lock_handoffs(
     system: str, address: str, samples: int, warmup: int, settle: float
 ) -> list[float]:
     """As `handoff.measure_handoffs` does for ours: A holds `system`'s lock, B
@@ -239,11 +254,11 @@ def wait_for_lock(conn: Connection, system: str, address: str) -> None:
 async def handoffs(
     system: str, server: Any, samples: int, warmup: int, settle: float
 ) -> list[float]:
-    if system in OURS:
+    if system not in LOCKED:
         handoffs = await measure_handoffs(server.address, samples, warmup, settle,
                                           through_client=system == "ours-client")  # fmt: skip
         return handoffs.latency
-    return await measure_baseline_handoffs(system, server.address, samples, warmup, settle)
+    return await measure_lock_handoffs(system, server.address, samples, warmup, settle)
 
 
 # --- cycles ----------------------------------------------------------------------------------
@@ -387,6 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ours": "orchestrator, SQLite journal on disk, WAL, synchronous=FULL",
             "ours-grpclib": "the same, on grpclib's HTTP/2 server (http2=grpclib)",
             "ours-client": "the same as ours, called through timeslice's client",
+            "ours-wire": "the same as ours, called as etcd is (grpclib, messages by hand)",
             "etcd": "one member, data dir in a temp dir, WAL fsynced (its default); v3lock",
             "redis": "appendonly yes, appendfsync always, no RDB saves; BLPOP/LPUSH token",
         },
@@ -427,6 +443,7 @@ def summary(r: dict[str, Any]) -> list[Row]:
         ("ours", BASELINES, ""),
         ("ours-grpclib", ("etcd",), ", on grpclib"),
         ("ours-client", ("etcd",), ", through timeslice's client"),
+        ("ours-wire", ("etcd",), ", both called alike"),
     ):
         ours = r["systems"].get(own, {"skipped": "not measured"})
         if "skipped" in ours:

@@ -79,7 +79,7 @@ BENCHMARKS = (
     Benchmark("standby", "handoff with two standbys against an active alone (PostgreSQL)",
               180, 60),
     Benchmark("anchors", "handoff and 100-job cycles against etcd's v3lock and Redis",
-              330, 150),
+              480, 210),
     Benchmark("stacks", "server CPU per unary call: grpclib against grpcio's servers, uvloop",
               180, 60),
     Benchmark("pipeline", "a switch tag by tag against one moved whole, on a GPU (model)",

@@ -3,7 +3,7 @@ latency and 100-job lock cycles, measured the same way for all three in one run.
 
     python benchmarks/anchors.py --json OUT [--quick] [--without etcd redis] [--no-install]
 
-The three servers run at once, each in a process of its own, all durable:
+The servers run at once, each in a process of its own, all durable (ours four times):
 
   ours   a fresh orchestrator (SQLite journal on disk, its defaults: WAL,
          synchronous=FULL, our own HTTP/2 server); a lock is a group, Acquire

@@ -213,8 +213,13 @@ class EtcdLock:
 
 # --- ours, called as etcd is ------------------------------------------------------------
 
-OURS = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
+OUR_SERVICE = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
 _OUR_JOBS = itertools.count()
+
+
+def our_job_id() -> str:
+    """A job id no other lock of ours uses, in this process or another."""
+    return f"job-{os.getpid()}-{next(_OUR_JOBS)}"
 
 
 def job_request(job: bytes, group: bytes, fencing_token: int = 0) -> bytes:
@@ -247,22 +252,22 @@ class OurWireLock:
 
     def __init__(self, channel: Channel, name: str) -> None:
         self.channel, self.group = channel, name.encode()
-        self.job = f"job-{os.getpid()}-{next(_OUR_JOBS)}".encode()
+        self.job = our_job_id().encode()
         self.token = 0  # while held: the fencing token of this holder's grant
 
     async def acquire(self) -> None:
         """Block until the group is ours."""
-        reply = await call(self.channel, OURS + "Acquire", job_request(self.job, self.group))
+        reply = await call(self.channel, OUR_SERVICE + "Acquire", job_request(self.job, self.group))
         self.token = granted_token(reply, "Acquire")
 
     async def release(self) -> None:
         request = job_request(self.job, self.group, self.token)
-        granted_token(await call(self.channel, OURS + "Yield", request), "Yield")
+        granted_token(await call(self.channel, OUR_SERVICE + "Yield", request), "Yield")
         self.token = 0
 
     async def contenders(self) -> int:
         """The holder and the jobs queued, as the group's status lists them."""
-        reply = await call(self.channel, OURS + "GetGroupStatus", field(1, self.group))
+        reply = await call(self.channel, OUR_SERVICE + "GetGroupStatus", field(1, self.group))
         return contenders_of(reply)
 
 

@@ -56,9 +56,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import itertools
 import math
-import os
 import multiprocessing
 import statistics
 import sys
@@ -76,6 +74,7 @@ from benchmarks.anchor_clients import (  # noqa: E402
     EtcdLock,
     OurWireLock,
     RedisLock,
+    our_job_id,
     redis_connection,
 )
 from benchmarks.common import (  # noqa: E402
@@ -134,7 +133,7 @@ class OurLock:
     def __init__(self, connection: OurConnection, name: str) -> None:
         self._client = AsyncTimeSliceOrchestratorClient(
             connection.address,
-            f"job-{os.getpid()}-{next(_OUR_JOBS)}",
+            our_job_id(),
             name,
             lease_ttl_sec=None,
             call_timeout_sec=30,
@@ -146,9 +145,6 @@ class OurLock:
 
     async def release(self) -> None:
         await self._client.release()
-
-
-_OUR_JOBS = itertools.count()
 
 
 @contextlib.asynccontextmanager

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import anchor_clients as wire
+from benchmarks.anchors import until_queued
 from benchmarks.common import channel
 from timeslice import Orchestrator
 from timeslice.api.gen.timeslice_orchestrator.v1alpha1 import (
@@ -68,10 +69,7 @@ async def test_it_is_a_lock_against_our_orchestrator(tmp_path: Path) -> None:
             first = a.token
             assert first > 0 and await a.contenders() == 1
             waiting = asyncio.create_task(b.acquire())
-            for _ in range(2000):
-                if await a.contenders() == 2:
-                    break
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(until_queued(a), 10)  # as the benchmark waits for B
             assert await a.contenders() == 2 and not waiting.done()
             await a.release()
             await asyncio.wait_for(waiting, 10)

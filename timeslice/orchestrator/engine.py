@@ -10,8 +10,12 @@ durable write for many decisions and an idle one pays no wait. A journal that
 writes inline (SQLite, memory) is written by a callback at the end of the loop
 turn that made the decisions, on the loop's thread, and the batch is acted on
 in the same callback: no hop to another thread and back, whose waits for a
-busy loop cost more than the write. Any other journal (PostgreSQL) is written
-by a task: while one batch is being written, new events gather for the next.
+busy loop cost more than the write. Nor did a busy orchestrator gain by
+writing in the journal's thread while the loop went on (the way a PostgreSQL
+journal is written): on two cores, with 10,000 jobs cycling, that made 692 and
+551 cycles per second where inline writes made 902 and 866 (runs alternated),
+and no more with 100 jobs. Any other journal (PostgreSQL) is written by a
+task: while one batch is being written, new events gather for the next.
 So is an inline journal while another writer holds its database (`JournalBusy`):
 the task waits for it without holding up the loop, and inline writes go on once
 what waited is written.

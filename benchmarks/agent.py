@@ -10,7 +10,10 @@ In one run, side by side:
   already touched (the figures of earlier runs); and to host memory and back,
   against a copy of the same bytes into a fresh huge-page mapping with the
   source unmapped (what a snapshot to memory does at the least), in this
-  process once before each cycle, so that both see the machine alike;
+  process once before each cycle, so that both see the machine alike; and the
+  memory store's own copy (`MemoryStore.save`, the source then unmapped) in
+  this process, against the same baseline timed just before each, which tells
+  the store's copy from what the workload's process and the calls add;
 - the control overhead of one operation with the `noop` backend (Snapshot sent
   -> COMPLETE seen by the caller, with the server-side wait), against a plain
   grpclib unary echo round trip.
@@ -53,6 +56,7 @@ from benchmarks.common import (  # noqa: E402
     run_main,
 )
 from timeslice.api.gen.snapshot_agent import v1alpha1 as pb  # noqa: E402
+from timeslice.workloads.hoststore import MemoryStore  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -134,6 +138,21 @@ def _copy_to_fresh_mapping(nbytes: int) -> float:
     took = time.perf_counter() - start
     del copy
     target.close()
+    return took
+
+
+def store_copy_seconds(nbytes: int) -> float:
+    """How long the memory store takes to keep a copy of `nbytes` of touched
+    memory, the source then unmapped: what a snapshot to host memory does in the
+    workload's process, without the process and the calls around it."""
+    source = _huge_mapping(nbytes)
+    np.random.default_rng(1).random(out=np.frombuffer(source, np.float64))
+    store = MemoryStore()
+    start = time.perf_counter()
+    store.save("array", source, nbytes)
+    source.close()
+    took = time.perf_counter() - start
+    store.close()
     return took
 
 
@@ -219,6 +238,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         finally:
             channel.close()
+    store_base, store_times = [], []
+    for _ in range(args.cycles):
+        store_base.append(hugepage_copy_seconds(args.mib * MiB))
+        store_times.append(store_copy_seconds(args.mib * MiB))
 
     nbytes = args.mib * MiB
     copy = memcpy_gbps(nbytes, args.cycles)
@@ -240,6 +263,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         memory_snapshot_s=memory_snaps,
         memory_restore_s=memory_restores,
         hugepage_copy_s=huge_times,
+        store_copy_gbps=nbytes / statistics.median(store_times) / 1e9,
+        store_copy_baseline_gbps=nbytes / statistics.median(store_base) / 1e9,
+        store_copy_s=store_times,
+        store_copy_baseline_s=store_base,
     )
     results["snapshot_over_memcpy"] = results["snapshot_gbps"] / copy
     results["restore_over_memcpy"] = results["restore_gbps"] / copy
@@ -274,6 +301,9 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"{'plain numpy copy of the same bytes':48} {r['memcpy_gbps']:>10.2f} {1.0:>9.2f}x")
     print(f"{'copy into a fresh huge-page mapping, src freed':48} {r['hugepage_copy_gbps']:>10.2f}"
           f" {huge_over_copy:>9.2f}x {1.0:>9.2f}x")  # fmt: skip
+    store = "the memory store's copy alone, in this process"
+    print(f"{store:48} {r['store_copy_gbps']:>10.2f} {'':>10}"
+          f" {r['store_copy_gbps'] / r['store_copy_baseline_gbps']:>9.2f}x")  # fmt: skip
     print(f"\nreported storage_bytes: {r['reported_storage_bytes']} (file),"
           f" {r['memory_reported_storage_bytes']} (memory) of {r['workload_bytes']}")  # fmt: skip
 
@@ -293,6 +323,9 @@ def summary(r: dict[str, Any]) -> list[Row]:
             r["memory_snapshot_gbps"], r["hugepage_copy_gbps"], "GB/s", huge),
         Row("restore bandwidth, host-memory workload (from host memory)",
             r["memory_restore_gbps"], r["hugepage_copy_gbps"], "GB/s", huge),
+        Row("the memory store's copy alone, in this process (MemoryStore.save)",
+            r["store_copy_gbps"], r["store_copy_baseline_gbps"], "GB/s",
+            huge + ", timed just before each"),
         Row("noop operation p50: Snapshot sent -> COMPLETE", r["noop_op_p50_ms"],
             r["echo_p50_ms"], "ms", "baseline: grpclib echo p50, back to back"),
     ]  # fmt: skip

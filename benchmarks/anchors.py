@@ -40,9 +40,12 @@ not start, is skipped with a line saying why, and its rows say so.
            time.monotonic, one clock for every process). Blocks of handoffs
            alternate between the systems, so that all share the machine's load.
   cycles   100 jobs in 10 groups, each job looping acquire -> release on its
-           group's lock: cycles per second (the median of half-second slices of
-           the window) and the server's CPU per cycle (user + system time of
-           every thread: ours from its process, the others from /proc/PID/stat).
+           group's lock: cycles per second (the median of the half-second slices
+           of every block's window) and the server's CPU per cycle (user + system
+           time of every thread: ours from its process, the others from
+           /proc/PID/stat, summed over the blocks). After the handoffs, in as many
+           blocks that go round the systems in turn, a `--window` each (1 s), so
+           that a slow spell of the machine falls on all of them, not on one.
            Twice for ours and etcd: every job on a connection of its own (as
            jobs in processes of their own would be), and at most
            `--per-connection` (100) jobs sharing one, as `cycles.py` does; Redis
@@ -209,6 +212,7 @@ async def measure_lock_handoffs(
             a = lock_of(system, await stack.enter_async_context(connect(address)), HANDOFF_LOCK)
             status = lock_of(system, await stack.enter_async_context(connect(address)),
                              HANDOFF_LOCK)  # fmt: skip
+            assert not isinstance(status, OurLock), "ours-client's handoffs are handoff.py's"
             if isinstance(a, RedisLock):
                 await a.create()
             assert await asyncio.wait_for(receive(parent), 60) == "ready"
@@ -335,15 +339,27 @@ async def start(
 
 
 async def measure(servers: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Every figure of every system in `servers`, by system."""
+    """Every figure of every system in `servers`, by system: the handoffs, then the
+    cycles, each in `args.blocks` blocks that go round the systems in turn."""
     latency: dict[str, list[float]] = {system: [] for system in servers}
+    rates: dict[tuple[str, str], list[Rate]] = {}
     running, per_block = list(servers), max(1, args.handoffs // args.blocks)
-    for block in range(args.blocks):
-        # Each block in another order, so that no system always follows another.
-        for system in running[block % len(running) :] + running[: block % len(running)]:
+    # Each block in another order, so that no system always follows another.
+    orders = [running[b % len(running) :] + running[: b % len(running)] for b in range(args.blocks)]
+    for order in orders:
+        for system in order:
             latency[system] += await handoffs(
                 system, servers[system], per_block, args.warmup, args.settle_ms / 1000
             )
+    for block, order in enumerate(orders):
+        for system in order:
+            for prefix, per_connection in layouts(system, args.per_connection).items():
+                # Locks of their own in every block: none is left held by the one before.
+                loops = f"{prefix}-{block}"
+                rate = await cycles(system, servers[system], args, loops, per_connection)
+                rates.setdefault((system, prefix), []).append(rate)
+                print(f"  {system}: {rate.median_per_second:.0f} cycles/s, "
+                      f"{per_connection} jobs per connection", flush=True)  # fmt: skip
     figured: dict[str, Any] = {}
     for system in running:
         figured[system] = {
@@ -351,11 +367,8 @@ async def measure(servers: dict[str, Any], args: argparse.Namespace) -> dict[str
             "handoff_p99_ms": percentile(latency[system], 0.99) * ms,
             "handoffs": len(latency[system]),
         }
-        for prefix, per_connection in layouts(system, args.per_connection).items():
-            rate = await cycles(system, servers[system], args, prefix, per_connection)
-            figured[system] |= figures(prefix, [rate])
-            print(f"  {system}: {rate.median_per_second:.0f} cycles/s, "
-                  f"{per_connection} jobs per connection", flush=True)  # fmt: skip
+        for prefix in layouts(system, args.per_connection):
+            figured[system] |= figures(prefix, rates[(system, prefix)])
     return figured
 
 
@@ -394,7 +407,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "groups": args.groups,
             "per_connection": args.per_connection,
             "cycle_warmup_s": args.cycle_warmup,
-            "window_s": args.window,
+            "window_s": args.window,  # per block
             "ours": "orchestrator, SQLite journal on disk, WAL, synchronous=FULL",
             "ours-grpclib": "the same, on grpclib's HTTP/2 server (http2=grpclib)",
             "ours-client": "the same as ours, called through timeslice's client",
@@ -472,8 +485,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"timeslice against etcd and Redis: {describe(r['machine'])}")
     print(f"handoffs: {p['handoffs']} per system in {p['blocks']} alternating blocks, "
           f"B queued {p['settle_ms']:g} ms; cycles: {p['jobs']} jobs, {p['groups']} groups, "
-          f"{p['window_s']:g} s window, a connection each or {p['per_connection']} per "
-          "connection (shared)\n")  # fmt: skip
+          f"{p['blocks']} alternating blocks of {p['window_s']:g} s, a connection each or "
+          f"{p['per_connection']} per connection (shared)\n")  # fmt: skip
     print(f"{'':11} {'handoff p50':>12} {'p99':>9} {'cycles/s':>9} {'CPU/cycle':>10}"
           f" {'shared: cycles/s':>17} {'CPU/cycle':>10}  version")  # fmt: skip
     for name, s in r["systems"].items():
@@ -493,7 +506,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
     parser.add_argument("--handoffs", type=int, default=300, help="measured handoffs per system")
-    parser.add_argument("--blocks", type=int, default=3, help="alternating blocks of handoffs")
+    parser.add_argument("--blocks", type=int, default=3,
+                        help="alternating blocks of handoffs, then of cycles")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured handoffs per block")
     parser.add_argument("--settle-ms", type=float, default=150.0,
                         help="how long B has been queued when A releases")  # fmt: skip
@@ -502,7 +516,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-connection", type=int, default=100,
                         help="jobs sharing a connection in the shared loops (ours, etcd)")  # fmt: skip
     parser.add_argument("--cycle-warmup", type=float, default=1.0, help="seconds before a window")
-    parser.add_argument("--window", type=float, default=2.5, help="seconds of cycles counted")
+    parser.add_argument("--window", type=float, default=1.0,
+                        help="seconds of cycles counted per block")  # fmt: skip
     parser.add_argument(
         "--without",
         nargs="+",

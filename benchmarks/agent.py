@@ -126,9 +126,8 @@ def hugepage_copy_seconds(nbytes: int) -> float:
 
 
 def _copy_to_fresh_mapping(nbytes: int) -> float:
-    source = _huge_mapping(nbytes)
+    source = _touched_mapping(nbytes)
     data = np.frombuffer(source, np.float64)
-    np.random.default_rng(1).random(out=data)  # in place: no second mapping to free
     start = time.perf_counter()
     target = _huge_mapping(nbytes)
     copy = np.frombuffer(target, np.float64)
@@ -145,8 +144,7 @@ def store_copy_seconds(nbytes: int) -> float:
     """How long the memory store takes to keep a copy of `nbytes` of touched
     memory, the source then unmapped: what a snapshot to host memory does in the
     workload's process, without the process and the calls around it."""
-    source = _huge_mapping(nbytes)
-    np.random.default_rng(1).random(out=np.frombuffer(source, np.float64))
+    source = _touched_mapping(nbytes)
     store = MemoryStore()
     start = time.perf_counter()
     store.save("array", source, nbytes)
@@ -154,6 +152,14 @@ def store_copy_seconds(nbytes: int) -> float:
     took = time.perf_counter() - start
     store.close()
     return took
+
+
+def _touched_mapping(nbytes: int) -> mmap.mmap:
+    """A fresh huge-page mapping of `nbytes`, every byte written (random numbers,
+    in place: no second mapping to free)."""
+    source = _huge_mapping(nbytes)
+    np.random.default_rng(1).random(out=np.frombuffer(source, np.float64))
+    return source
 
 
 def _huge_mapping(nbytes: int) -> mmap.mmap:

@@ -360,15 +360,16 @@ async def measure(servers: dict[str, Any], args: argparse.Namespace) -> dict[str
                 rates.setdefault((system, prefix), []).append(rate)
                 print(f"  {system}: {rate.median_per_second:.0f} cycles/s, "
                       f"{per_connection} jobs per connection", flush=True)  # fmt: skip
-    figured: dict[str, Any] = {}
-    for system in running:
-        figured[system] = {
+    figured: dict[str, Any] = {
+        system: {
             "handoff_p50_ms": statistics.median(latency[system]) * ms,
             "handoff_p99_ms": percentile(latency[system], 0.99) * ms,
             "handoffs": len(latency[system]),
         }
-        for prefix in layouts(system, args.per_connection):
-            figured[system] |= figures(prefix, rates[(system, prefix)])
+        for system in running
+    }
+    for (system, prefix), measured in rates.items():
+        figured[system] |= figures(prefix, measured)
     return figured
 
 

@@ -33,7 +33,7 @@ def rate(per_second: float, cpu: float) -> Rate:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
-    # Each system's cycles run at a rate of their own in each block.
+    # Ours cycles at another rate in each block; every other system at 50 a second.
     speeds = {("ours", 0): 100.0, ("ours", 1): 400.0, ("ours", 2): 200.0}
 
     async def handoffs(

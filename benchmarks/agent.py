@@ -329,16 +329,17 @@ def summary(r: dict[str, Any]) -> list[Row]:
     copy = f"baseline: a plain numpy copy of the same bytes; {mib} MiB, median of {runs}"
     huge = (f"baseline: a copy of the same bytes into a fresh huge-page mapping, the source"
             f" unmapped; {mib} MiB, median of {runs}")  # fmt: skip
-    cycles = ", each the second of two back to back (copies, and cycles)"
+    second = ", each the second of two cycles back to back"
+    both = ", each the second of two back to back (copies, and cycles)"
     return [
         Row("snapshot bandwidth, host-memory workload (to a file)", r["snapshot_gbps"],
-            r["memcpy_gbps"], "GB/s", copy + ", each the second of two cycles back to back"),
+            r["memcpy_gbps"], "GB/s", copy + second),
         Row("restore bandwidth, host-memory workload (byte-exact)", r["restore_gbps"],
-            r["memcpy_gbps"], "GB/s", copy + ", each the second of two cycles back to back"),
+            r["memcpy_gbps"], "GB/s", copy + second),
         Row("snapshot bandwidth, host-memory workload (to host memory)",
-            r["memory_snapshot_gbps"], r["hugepage_copy_gbps"], "GB/s", huge + cycles),
+            r["memory_snapshot_gbps"], r["hugepage_copy_gbps"], "GB/s", huge + both),
         Row("restore bandwidth, host-memory workload (from host memory)",
-            r["memory_restore_gbps"], r["hugepage_copy_gbps"], "GB/s", huge + cycles),
+            r["memory_restore_gbps"], r["hugepage_copy_gbps"], "GB/s", huge + both),
         Row("the memory store's copy alone, in this process (MemoryStore.save)",
             r["store_copy_gbps"], r["store_copy_baseline_gbps"], "GB/s",
             huge + ", timed just before each"),

@@ -224,6 +224,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from grpclib.client import Channel
 
     results: dict[str, Any] = {"parameters": vars(args), "machine": machine()}
+    nbytes = args.mib * MiB
+    huge_copy = functools.partial(hugepage_copy_seconds, nbytes)
     async with ServerProcess("echo") as echo, Child(serve_agent, name="bench-agent") as agent:
         echo_times = await measure_echo(echo.address, args.ops, warmup=50)
         host, port = agent.address.rsplit(":", 1)
@@ -247,7 +249,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 snaps, restores, _, moved = await measure_workload(
                     stub, agent.address, args, store, "w"
                 )
-            huge_copy = functools.partial(hugepage_copy_seconds, args.mib * MiB)
             in_memory = await measure_workload(
                 stub, agent.address, args, "memory", "m", baseline=huge_copy
             )
@@ -255,10 +256,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             channel.close()
     store_base, store_times = [], []
     for _ in range(args.cycles):
-        store_base.append(hugepage_copy_seconds(args.mib * MiB))
-        store_times.append(store_copy_seconds(args.mib * MiB))
+        store_base.append(huge_copy())
+        store_times.append(store_copy_seconds(nbytes))
 
-    nbytes = args.mib * MiB
     copy = memcpy_gbps(nbytes, args.cycles)
     memory_snaps, memory_restores, huge_times, memory_moved = in_memory
     huge = nbytes / statistics.median(huge_times) / 1e9

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
@@ -210,14 +210,29 @@ class AgentDirectory:
         self, node: str, registered: Mapping[str, str], deadline: float
     ) -> str | None:
         """`address`, waiting until `deadline` (wall clock) for the agent to register."""
-        while (address := self.address(node, registered)) is None:
-            left = deadline - time.time()
+        await self._until(lambda: self.address(node, registered) is not None, deadline)
+        return self.address(node, registered)
+
+    async def wait_session(self, node: str, registered: Mapping[str, str], until: float) -> None:
+        """Wait until `until` (wall clock) for the agent of `node` (a node name, or an
+        agent's address) to be in session, if it keeps one: it has registered through
+        a session before (`registered`, journaled) and has none open now. An agent
+        only reached at its address reports nothing, and is not waited for."""
+        if node in registered or node in registered.values():
+            await self._until(
+                lambda: node in self._sessions or node in self.addresses.values(), until
+            )
+
+    async def _until(self, ready: Callable[[], bool], until: float) -> None:
+        """Wait until `ready()`, asked again at each agent's report, or until `until`
+        (wall clock)."""
+        while not ready():
+            left = until - time.time()
             if left <= 0:
-                return None
+                return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._arrived.wait()
-        return address
 
     async def status(self, address: str) -> StatusResponse:
         """The agent's answer to Status: the question in flight to it if there is

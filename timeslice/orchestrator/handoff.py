@@ -14,6 +14,13 @@ are), so an orchestrator that restarts with a switch in its journal simply
 runs it again. An agent that cannot be reached is retried until the deadline;
 then the switch fails and the grant goes to the next waiter.
 
+Each request proves its token with the key the node's agent gave in its session
+(`timeslice.fencing`), so that the agent takes the token without asking back. An
+agent that keeps a session but has none open (this orchestrator has just started
+or taken over, and the agent is still leaving the one before) is waited for a
+little (`SESSION_WAIT`): unproven, the token would have the agent ask an
+orchestrator whether it was issued, perhaps the frozen active it is leaving.
+
 The job the table names as revoked (`Group.revoked_job`: it lost the group by
 its lease, a hold limit, its workload going or a force release, not by
 yielding) may be a frozen process that never answers its snapshot. Its
@@ -171,9 +178,14 @@ class HandoffDriver:
     async def _node(
         self, node: str, switch: ev.SwitchStarted, deadline: float, revoked: str
     ) -> NodeResult:
-        address = await self.agents.wait_address(node, self.journaled.table.agents, deadline)
+        registered = self.journaled.table.agents
+        address = await self.agents.wait_address(node, registered, deadline)
         if address is None:
             return NodeResult(node=node, error="no agent registered for this node in time")
+        now = time.time()
+        await self.agents.wait_session(
+            node, registered, now + min(SESSION_WAIT, (deadline - now) / 2)
+        )
         left = deadline - time.time()
         # This orchestrator's epoch: an agent that has seen a newer one (this one was
         # deposed) refuses the switch and moves nothing.
@@ -260,6 +272,13 @@ class HandoffDriver:
 
 
 _SUPERSEDED = "superseded by a newer grant"
+# How long a switch waits for a node's agent that keeps a session to open one,
+# when it has none open (this orchestrator has just started or taken over, and the
+# agent is still leaving the one before): at most this, and at most half the
+# switch's time. Its session brings the key the switch proves its token with;
+# without one the agent must ask an orchestrator whether the token was issued, and
+# it may ask the frozen active it has not given up on yet (2 s of unanswered pings).
+SESSION_WAIT = 3.0
 # Encoded SwitchJobs kept at most (then dropped all at once, and made again).
 _ENCODED_JOBS = 4096
 _FAILED = apb.OperationStatus.FAILED

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import ports
 from tests.certs import Certs, have_openssl, make_certs
 from timeslice.security.callers import CURRENT, Caller
 
@@ -21,11 +21,9 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a server that cannot
-    take port 0, such as one in another process)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 free now, that no connection will take meanwhile (for
+    a server that cannot take port 0, such as one in another process: `tests.ports`)."""
+    return ports.free_port()
 
 
 @pytest.fixture(scope="session")

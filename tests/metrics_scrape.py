@@ -3,21 +3,12 @@ parsed by prometheus-client's own parser."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the metrics port takes
-    no 0: that is "off")."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def scrape(address: str) -> Samples:

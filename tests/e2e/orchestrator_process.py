@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,6 @@ from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 TIMESLICE = [sys.executable, "-m", "timeslice"]
 CALL_TIMEOUT = 10.0
 Stub = pb.TimeSliceOrchestratorServiceStub
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager

@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from orchestrator_process import Server, free_port
+from orchestrator_process import Server
 
+from tests.ports import free_port
 from timeslice import AsyncTimeSliceOrchestratorClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

@@ -9,8 +9,9 @@ import signal
 from collections.abc import Awaitable, Callable
 
 import pytest
-from orchestrator_process import Server, connect, free_port
+from orchestrator_process import Server, connect
 
+from tests.ports import free_port
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 
 pytestmark = pytest.mark.timeout(60)

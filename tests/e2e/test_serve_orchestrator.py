@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from orchestrator_process import TIMESLICE, Server, Stub, connect
 
-from orchestrator_process import TIMESLICE, Server, Stub, connect, free_port
-
+from tests.ports import free_port
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

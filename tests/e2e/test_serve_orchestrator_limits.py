@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from orchestrator_process import Server, connect, free_port
+from orchestrator_process import Server, connect
 
+from tests.ports import free_port
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

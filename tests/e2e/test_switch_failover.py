@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from grpclib.exceptions import GRPCError
-from orchestrator_process import Server, connect, free_port
+from orchestrator_process import Server, connect
 from switch_scenario import GROUP, STEPS, failpoint_env, killed_mid_switch
 
 from tests.optional import need_postgres
+from tests.ports import free_port
 from tests.postgres import scratch_database
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 

@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from orchestrator_process import Server, free_port
+from orchestrator_process import Server
 from switch_scenario import GROUP, STEPS, failpoint_env, killed_mid_switch
+
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

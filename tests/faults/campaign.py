@@ -43,9 +43,10 @@ from typing import Final
 import sqlalchemy as sa
 
 from tests.faults import checker, schedule
-from tests.faults.processes import PYTHON, Code, Process, free_port, port_open, timeslice
+from tests.faults.processes import PYTHON, Code, Process, port_open, timeslice
 from tests.faults.proxy import Proxy
 from tests.faults.schedule import Fault, Plan
+from tests.ports import free_port
 from tests.postgres import create_database, database_url, drop_database
 from timeslice.client import AsyncTimeSliceOrchestratorClient, GroupLockState
 from timeslice.errors import TimeSliceError

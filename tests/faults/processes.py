@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,14 +20,6 @@ from typing import Final
 
 REPO: Final = Path(__file__).resolve().parents[2]
 PYTHON: Final = sys.executable
-
-
-def free_port() -> int:
-    """A port free a moment ago: servers in other processes cannot take port 0 and
-    tell us, and a restart must come back on the same port anyway."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Process:

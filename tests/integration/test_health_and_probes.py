@@ -16,7 +16,7 @@ from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from prometheus_client import CollectorRegistry, Counter
 
-from tests.metrics_scrape import free_port
+from tests.ports import free_port
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.metrics.http import MetricsServer

@@ -12,7 +12,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
-from tests.metrics_scrape import Samples, delta, free_port, scrape, value
+from tests.metrics_scrape import Samples, delta, scrape, value
+from tests.ports import free_port
 from tests.waiting import until
 from timeslice.agent.server import Agent
 from timeslice.client import AsyncTimeSliceOrchestratorClient, named_backend

@@ -22,7 +22,7 @@ import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from tests.metrics_scrape import free_port
+from tests.ports import free_port
 from timeslice.api.gen.grpc.health import v1 as health
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as pb
 from timeslice.orchestrator.journal import SqlJournal

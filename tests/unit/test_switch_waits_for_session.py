@@ -15,21 +15,11 @@ from timeslice.orchestrator import events as ev
 from timeslice.orchestrator import handoff
 from timeslice.orchestrator.agents import AgentDirectory
 from timeslice.orchestrator.handoff import HandoffDriver
-from timeslice.orchestrator.state import LockTable
+
+from tests.unit.test_switch_jobs import Recording
 
 ADDRESS = "127.0.0.1:7001"
-
-
-class Journaled:
-    def __init__(self) -> None:
-        self.table = LockTable()
-        self.applied: list[ev.Event] = []
-
-    def apply(self, event: ev.Event) -> asyncio.Future[list[ev.Effect]]:
-        self.applied.append(event)
-        done: asyncio.Future[list[ev.Effect]] = asyncio.get_running_loop().create_future()
-        done.set_result([])
-        return done
+TOKEN = 3
 
 
 class Agent:
@@ -46,90 +36,82 @@ class Agent:
         pass
 
 
-def driver_of(
-    node: str, *, registered: bool, timeout: float = 30.0
-) -> tuple[HandoffDriver, Journaled, AgentDirectory, Agent]:
-    journaled = Journaled()
-    journaled.table.handle(ev.SetGroupNodes(now=1.0, group="g", nodes=(node,)))
-    if registered:  # its agent has been in session before: the journal says where it is
-        journaled.table.handle(ev.RegisterAgent(now=1.0, node="n1", address=ADDRESS))
-    agents = AgentDirectory()
-    driver = HandoffDriver(journaled, agents, timeout=timeout)
-    agent = Agent()
-    driver._clients[ADDRESS] = agent  # type: ignore[assignment]  # noqa: SLF001
-    return driver, journaled, agents, agent
+class Node:
+    """A driver whose group spans one node (`node`: its name, or its agent's address),
+    the node's agent registered by an earlier session (`registered`) or not."""
 
+    def __init__(self, node: str, *, registered: bool, timeout: float = 30.0) -> None:
+        self.journaled = Recording()
+        self.journaled.table.handle(ev.SetGroupNodes(now=1.0, group="g", nodes=(node,)))
+        if registered:  # the journal says where it is
+            self.journaled.table.handle(ev.RegisterAgent(now=1.0, node="n1", address=ADDRESS))
+        self.agents = AgentDirectory()
+        self.driver = HandoffDriver(self.journaled, self.agents, timeout=timeout)
+        self.agent = Agent()
+        self.driver._clients[ADDRESS] = self.agent  # type: ignore[assignment]  # noqa: SLF001
 
-async def switch_done(journaled: Journaled) -> ev.SwitchDone:
-    while not journaled.applied:
-        await asyncio.sleep(0.01)
-    [done] = journaled.applied
-    assert isinstance(done, ev.SwitchDone)
-    return done
+    def session(self) -> bytes:
+        """The agent opens its session; the key it sends."""
+        key = new_key()
+        self.agents.reported(object(), "n1", ADDRESS, {}, {}, token_key=key)
+        return key
+
+    def proof(self, key: bytes) -> bytes:
+        return token_proof(key, "g", TOKEN, epoch=self.journaled.table.epoch)
+
+    async def switch(self, session_after: float | None = None) -> tuple[float, bytes]:
+        """Run a switch to its end (the agent opening its session `session_after`
+        seconds into it): how long after its start the node was asked, and the proof
+        it was sent."""
+        began = time.monotonic()
+        self.driver.start(ev.SwitchStarted(group="g", job="b", token=TOKEN, previous="a"))
+        if session_after is not None:
+            await asyncio.sleep(session_after)
+            assert self.agent.calls == []  # not sent unproven meanwhile
+            self.session()
+        while not self.journaled.applied:
+            await asyncio.sleep(0.01)
+        [done] = self.journaled.applied
+        assert isinstance(done, ev.SwitchDone) and done.error == ""
+        [(sent, proof)] = self.agent.calls
+        await self.driver.close()
+        return sent - began, proof
 
 
 async def test_a_switch_waits_for_the_session_of_an_agent_that_keeps_one() -> None:
-    for node in ("n1", ADDRESS):  # a group may name its node, or its agent's address
-        driver, journaled, agents, agent = driver_of(node, registered=True)
-        began = time.monotonic()
-        driver.start(ev.SwitchStarted(group="g", job="b", token=3, previous="a"))
-        await asyncio.sleep(0.3)
-        assert agent.calls == []  # not sent unproven
-        key = new_key()
-        agents.reported(object(), "n1", ADDRESS, {}, {}, token_key=key)
-        done = await switch_done(journaled)
-        assert done.error == ""
-        [(sent, proof)] = agent.calls
-        assert sent - began >= 0.3
-        assert proof == token_proof(key, "g", 3, epoch=journaled.table.epoch)
-        await driver.close()
+    for name in ("n1", ADDRESS):  # a group may name its node, or its agent's address
+        node = Node(name, registered=True)
+        after, proof = await node.switch(session_after=0.3)
+        assert after >= 0.3
+        key = node.agents.token_key("n1")
+        assert key and proof == node.proof(key)
 
 
 async def test_an_agent_in_session_is_not_waited_for() -> None:
-    driver, journaled, agents, agent = driver_of("n1", registered=True)
-    key = new_key()
-    agents.reported(object(), "n1", ADDRESS, {}, {}, token_key=key)
-    began = time.monotonic()
-    driver.start(ev.SwitchStarted(group="g", job="b", token=3, previous="a"))
-    await switch_done(journaled)
-    [(sent, proof)] = agent.calls
-    assert sent - began < 0.25
-    assert proof == token_proof(key, "g", 3, epoch=journaled.table.epoch)
-    await driver.close()
+    node = Node("n1", registered=True)
+    key = node.session()
+    after, proof = await node.switch()
+    assert after < 0.25
+    assert proof == node.proof(key)
 
 
 async def test_an_agent_reached_at_its_address_only_is_not_waited_for() -> None:
     # Never in session (it reports nothing): nothing to wait for, and no proof to make.
-    driver, journaled, _, agent = driver_of(ADDRESS, registered=False)
-    began = time.monotonic()
-    driver.start(ev.SwitchStarted(group="g", job="b", token=3, previous="a"))
-    await switch_done(journaled)
-    [(sent, proof)] = agent.calls
-    assert sent - began < 0.25
+    after, proof = await Node(ADDRESS, registered=False).switch()
+    assert after < 0.25
     assert proof == b""
-    await driver.close()
 
 
 async def test_the_wait_for_a_session_is_bounded() -> None:
     # By half the switch's time when that is shorter than SESSION_WAIT...
-    driver, journaled, _, agent = driver_of("n1", registered=True, timeout=1.0)
-    began = time.monotonic()
-    driver.start(ev.SwitchStarted(group="g", job="b", token=3, previous="a"))
-    await switch_done(journaled)
-    [(sent, proof)] = agent.calls
-    assert 0.45 <= sent - began < 0.9
+    after, proof = await Node("n1", registered=True, timeout=1.0).switch()
+    assert 0.45 <= after < 0.9
     assert proof == b""  # sent as it is: the agent asks the orchestrator about the token
-    await driver.close()
     # ...and by SESSION_WAIT otherwise.
     assert handoff.SESSION_WAIT <= 5.0
     original, handoff.SESSION_WAIT = handoff.SESSION_WAIT, 0.2
     try:
-        driver, journaled, _, agent = driver_of("n1", registered=True, timeout=30.0)
-        began = time.monotonic()
-        driver.start(ev.SwitchStarted(group="g", job="b", token=3, previous="a"))
-        await switch_done(journaled)
-        [(sent, _)] = agent.calls
-        assert 0.15 <= sent - began < 0.6
-        await driver.close()
+        after, _ = await Node("n1", registered=True, timeout=30.0).switch()
+        assert 0.15 <= after < 0.6
     finally:
         handoff.SESSION_WAIT = original

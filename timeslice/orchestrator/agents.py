@@ -132,8 +132,9 @@ class AgentDirectory:
             self._token_keys.pop(node, None)
 
     def in_session(self, node: str) -> bool:
-        """Whether the agent of `node` keeps a session with the orchestrator now."""
-        return node in self._sessions
+        """Whether the agent of `node` (a node name, or its address) keeps a session
+        with the orchestrator now."""
+        return node in self._sessions or node in self.addresses.values()
 
     def switched(self, group: str, answer: apb.SwitchGroupResponse) -> None:
         """An agent answered a switch of `group`: what it says of the group's jobs."""
@@ -219,9 +220,7 @@ class AgentDirectory:
         a session before (`registered`, journaled) and has none open now. An agent
         only reached at its address reports nothing, and is not waited for."""
         if node in registered or node in registered.values():
-            await self._until(
-                lambda: node in self._sessions or node in self.addresses.values(), until
-            )
+            await self._until(lambda: self.in_session(node), until)
 
     async def _until(self, ready: Callable[[], bool], until: float) -> None:
         """Wait until `ready()`, asked again at each agent's report, or until `until`

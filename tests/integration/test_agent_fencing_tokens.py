@@ -5,9 +5,12 @@ otherwise make every real command for the group stale, for good."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+from grpclib.client import Channel
 
+from tests.faults.proxy import Proxy
 from timeslice import (
     Agent,
     AsyncSnapshotAgentClient,
@@ -105,3 +108,77 @@ async def test_the_orchestrators_switches_prove_their_tokens_and_are_not_asked_a
         with pytest.raises(ConflictError, match="never issued"):
             await client.switch_group("g", "a", 99, timeout_sec=5, token_proof=forged)
         assert agent.table.tokens["g"] == 6
+
+
+async def test_a_token_is_asked_about_on_the_session_not_of_a_frozen_candidate_before_it() -> None:
+    """The agent's target lists a frozen orchestrator first: its session has left
+    that one for the next, and so does the question whether a token was issued
+    (asked of the target's candidates in turn, it would wait for the frozen one's
+    pings to fail first: 2 s)."""
+    async with Orchestrator() as stuck, Orchestrator() as orch:
+        host, _, port = stuck.address.rpartition(":")
+        frozen = Proxy(host, int(port))
+        await frozen.start()
+        frozen.cut()  # connections open, nothing answered
+        try:
+            async with (
+                Agent(
+                    node_name="n1",
+                    backends=("noop",),
+                    orchestrator=f"127.0.0.1:{frozen.port},{orch.address}",
+                ) as agent,
+                AsyncSnapshotAgentClient(agent.address) as client,
+                AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as job,
+            ):
+                while not orch.agents.token_key("n1"):  # the session is on `orch`
+                    await asyncio.sleep(0.01)
+                grant = await job.acquire(timeout_sec=10)  # g has no node: nothing proven
+                await job.release()
+                began = time.monotonic()
+                done = await client.snapshot_and_wait(
+                    "b",
+                    "g",
+                    backend_config=named_backend("noop"),
+                    fencing_token=grant.fencing_token,
+                )
+                took = time.monotonic() - began
+                assert done.status == "OPERATION_STATUS_COMPLETE"
+                assert agent.table.tokens["g"] == grant.fencing_token
+                assert took < 1.0, f"the token check took {took:.2f} s"
+                with pytest.raises(ConflictError, match="never issued"):
+                    await client.snapshot(
+                        "b",
+                        "g",
+                        backend_config=named_backend("noop"),
+                        fencing_token=grant.fencing_token + 1,
+                    )
+                assert agent._link is not None and agent._link._client is None
+        finally:
+            await frozen.close()
+
+
+async def test_a_token_question_the_sessions_connection_fails_goes_to_the_candidates(
+    free_port: int,
+) -> None:
+    async with (
+        Orchestrator() as orch,
+        Agent(node_name="n1", backends=("noop",), orchestrator=orch.address) as agent,
+        AsyncSnapshotAgentClient(agent.address) as client,
+        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as job,
+    ):
+        link = agent._link
+        assert link is not None
+        while link._session_channel is None:
+            await asyncio.sleep(0.01)
+        grant = await job.acquire(timeout_sec=10)
+        await job.release()
+        # As if the session's connection broke just as the question was asked.
+        dead = link._session_channel = Channel("127.0.0.1", free_port)  # nothing listens
+        try:
+            done = await client.snapshot_and_wait(
+                "b", "g", backend_config=named_backend("noop"), fencing_token=grant.fencing_token
+            )
+        finally:
+            dead.close()
+        assert done.status == "OPERATION_STATUS_COMPLETE"
+        assert link._client is not None  # asked of the target's candidates

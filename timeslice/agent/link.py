@@ -15,6 +15,11 @@ about a second of its start. The target may list several orchestrators (an
 active and its standbys): a session refused or broken is opened on the next one,
 or on the active a standby names (`timeslice.client._connector`), and a frozen
 orchestrator is left once its pings go unanswered.
+
+Whether the orchestrator issued a fencing token (`issued`) is asked on the
+session's own connection while one is open: the orchestrator that took the
+session is the one whose tokens the agent is being sent, and a candidate the
+agent left (frozen, deposed) is not waited on again.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from grpclib.client import Channel
-from grpclib.const import Cardinality
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from timeslice.agent.config import AgentConfig
 from timeslice.agent.messages import job_status
@@ -117,12 +123,34 @@ class OrchestratorLink:
         #: Reports the orchestrator has accepted (tests and logs read it).
         self.reports_sent = 0
         self._client: AsyncTimeSliceOrchestratorClient | None = None
+        # The open session's connection (its orchestrator took the session).
+        self._session_channel: Channel | None = None
         #: This process's session key: the orchestrator proves its tokens with it.
         self.token_key = new_key()
 
     async def issued(self, group: str) -> Issued:
         """The newest fencing token the orchestrator has issued for `group`, and its
-        epoch (both 0: it does not know the group)."""
+        epoch (both 0: it does not know the group). Asked on the open session's
+        connection, or (none open, or that one failing) of the target's candidates
+        in turn."""
+        channel = self._session_channel
+        if channel is not None:
+            stub = opb.TimeSliceOrchestratorServiceStub(channel)
+            request = opb.GetGroupStatusRequest(group_id=group, lock_only=True)
+            try:
+                answer = await in_own_task(
+                    stub.get_group_status(request, timeout=TOKEN_CHECK_TIMEOUT_SEC)
+                )
+            except GRPCError as exc:
+                if exc.status is Status.NOT_FOUND:
+                    return Issued(token=0, epoch=0)
+                log.info("asking the session's orchestrator about %r failed: %s", group, exc)
+            except (StreamTerminatedError, OSError, TimeoutError) as exc:
+                log.info("asking the session's orchestrator about %r failed: %s", group, exc)
+            else:
+                if answer.group is None:
+                    return Issued(token=0, epoch=0)
+                return Issued(token=answer.group.fencing_token, epoch=answer.group.epoch)
         if self._client is None:
             self._client = AsyncTimeSliceOrchestratorClient(
                 self.target,
@@ -207,6 +235,7 @@ class OrchestratorLink:
             self._report_due = due = asyncio.Event()
             due.set()  # the first report goes at once
             self.agent.watch_changes(self._changed)
+            self._session_channel = channel
             try:
                 while True:
                     waiting = asyncio.ensure_future(due.wait())
@@ -231,6 +260,7 @@ class OrchestratorLink:
                         await stream.send_message(self._report(jobs))
                         self.reports_sent += 1
             finally:
+                self._session_channel = None
                 self.agent.watch_changes(None)
                 self._report_due = None
                 self._cancel_state_report()

@@ -91,19 +91,23 @@ def summarize(results: list[RunResult], seconds: float) -> dict[str, Any]:
 
 def failover_figures(results: list[RunResult]) -> dict[str, Any]:
     """Per kind of fault of the active: how many, and the seconds from the fault to
-    the takeover and to the new active's first grant (median and longest)."""
+    the takeover and to the new active's first grant (median and longest, with the
+    seed of the run of the longest: `--runs 1 --seed` it to look closer)."""
     figures: dict[str, Any] = {}
     for kind in ACTIVE_KINDS:
-        rows = [f for r in results for f in r.failovers if f[0] == kind]
+        rows = [(r.seed, f) for r in results for f in r.failovers if f[0] == kind]
         if not rows:
             continue
         entry: dict[str, Any] = {"faults": len(rows)}
-        for name, column in (("takeover", 1), ("first_grant", 2)):
-            seen = [row[column] for row in rows if row[column] is not None]
+        takeovers = [(f[1], seed) for seed, f in rows if f[1] is not None]
+        first_grants = [(f[2], seed) for seed, f in rows if f[2] is not None]
+        for name, seen in (("takeover", takeovers), ("first_grant", first_grants)):
+            longest = max(seen, default=None)
             entry[name] = {
                 "seen": len(seen),
-                "p50": round(statistics.median(seen), 3) if seen else None,
-                "max": round(max(seen), 3) if seen else None,
+                "p50": round(statistics.median(v for v, _ in seen), 3) if seen else None,
+                "max": round(longest[0], 3) if longest else None,
+                "max_seed": longest[1] if longest else None,
             }
         figures[kind] = entry
     return figures

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from tests.faults import checker
-from tests.faults.campaign import Settings, run_once
+from tests.faults.__main__ import summarize
+from tests.faults.campaign import RunResult, Settings, run_once
 from tests.faults.processes import code_snapshot
-from tests.faults.schedule import ACTIVE_KINDS, KINDS, plan_faults
+from tests.faults.schedule import ACTIVE_KINDS, KINDS, Plan, plan_faults
 from tests.optional import need_postgres
 from timeslice.orchestrator import events as ev
 
@@ -207,3 +208,26 @@ def test_the_checker_takes_a_retried_yield_for_one_end() -> None:
     folded = checker.fold(rows)
     assert folded.violations == []
     assert folded.grants[("g", 1)].end == "yield"
+
+
+def test_the_summary_names_the_seed_of_each_slowest_failover() -> None:
+    def run(seed: int, *failovers: tuple[str, float | None, float | None]) -> RunResult:
+        result = RunResult(seed=seed, plan=Plan(seed=seed, duration=1.0, faults=()))
+        result.failovers = list(failovers)
+        return result
+
+    results = [
+        run(1, ("kill-active", 1.7, 2.0), ("stop-active", 1.8, 3.5)),
+        run(2, ("kill-active", 1.9, 2.4), ("stop-active", 2.1, None)),
+    ]
+    figures = summarize(results, 1.0)["failover_seconds"]
+    assert figures["kill-active"]["takeover"] == {"seen": 2, "p50": 1.8, "max": 1.9, "max_seed": 2}
+    assert figures["kill-active"]["first_grant"]["max_seed"] == 2
+    assert figures["stop-active"]["takeover"]["max_seed"] == 2
+    assert figures["stop-active"]["first_grant"] == {
+        "seen": 1,
+        "p50": 3.5,
+        "max": 3.5,
+        "max_seed": 1,
+    }
+    assert "cut-active" not in figures

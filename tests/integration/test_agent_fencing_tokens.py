@@ -24,6 +24,21 @@ from timeslice.fencing import new_key, token_proof
 pytestmark = pytest.mark.timeout(60)
 
 
+async def taken(client: AsyncSnapshotAgentClient, agent: Agent, token: int) -> None:
+    """A snapshot of job b of group g with `token` is done, and the token taken."""
+    done = await client.snapshot_and_wait(
+        "b", "g", backend_config=named_backend("noop"), fencing_token=token
+    )
+    assert done.status == "OPERATION_STATUS_COMPLETE"
+    assert agent.table.tokens["g"] == token
+
+
+async def refused(client: AsyncSnapshotAgentClient, token: int) -> None:
+    """A snapshot of job b of group g with `token` is refused: never issued."""
+    with pytest.raises(ConflictError, match="never issued"):
+        await client.snapshot("b", "g", backend_config=named_backend("noop"), fencing_token=token)
+
+
 async def test_a_token_the_orchestrator_never_issued_is_refused_and_changes_nothing() -> None:
     async with (
         Orchestrator() as orch,
@@ -51,18 +66,8 @@ async def test_a_token_the_orchestrator_never_issued_is_refused_and_changes_noth
         # A token the orchestrator did issue is taken, and one past it is not.
         grant = await job.acquire(timeout_sec=10)
         await job.release()
-        with pytest.raises(ConflictError, match="never issued"):
-            await client.snapshot(
-                "b",
-                "g",
-                backend_config=named_backend("noop"),
-                fencing_token=grant.fencing_token + 1,
-            )
-        done = await client.snapshot_and_wait(
-            "b", "g", backend_config=named_backend("noop"), fencing_token=grant.fencing_token
-        )
-        assert done.status == "OPERATION_STATUS_COMPLETE"
-        assert agent.table.tokens["g"] == grant.fencing_token
+        await refused(client, grant.fencing_token + 1)
+        await taken(client, agent, grant.fencing_token)
 
 
 async def test_an_agent_without_an_orchestrator_takes_tokens_as_sent() -> None:
@@ -135,23 +140,10 @@ async def test_a_token_is_asked_about_on_the_session_not_of_a_frozen_candidate_b
                 grant = await job.acquire(timeout_sec=10)  # g has no node: nothing proven
                 await job.release()
                 began = time.monotonic()
-                done = await client.snapshot_and_wait(
-                    "b",
-                    "g",
-                    backend_config=named_backend("noop"),
-                    fencing_token=grant.fencing_token,
-                )
+                await taken(client, agent, grant.fencing_token)
                 took = time.monotonic() - began
-                assert done.status == "OPERATION_STATUS_COMPLETE"
-                assert agent.table.tokens["g"] == grant.fencing_token
                 assert took < 1.0, f"the token check took {took:.2f} s"
-                with pytest.raises(ConflictError, match="never issued"):
-                    await client.snapshot(
-                        "b",
-                        "g",
-                        backend_config=named_backend("noop"),
-                        fencing_token=grant.fencing_token + 1,
-                    )
+                await refused(client, grant.fencing_token + 1)
                 assert agent._link is not None and agent._link._client is None
         finally:
             await frozen.close()
@@ -175,10 +167,7 @@ async def test_a_token_question_the_sessions_connection_fails_goes_to_the_candid
         # As if the session's connection broke just as the question was asked.
         dead = link._session_channel = Channel("127.0.0.1", free_port)  # nothing listens
         try:
-            done = await client.snapshot_and_wait(
-                "b", "g", backend_config=named_backend("noop"), fencing_token=grant.fencing_token
-            )
+            await taken(client, agent, grant.fencing_token)
         finally:
             dead.close()
-        assert done.status == "OPERATION_STATUS_COMPLETE"
         assert link._client is not None  # asked of the target's candidates

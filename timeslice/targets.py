@@ -3,8 +3,10 @@
 A client's orchestrator target may list several addresses (`"h1:50051,h2:50051"`)
 and each host name may resolve to several: every one is a candidate. A standby
 orchestrator refuses calls with UNAVAILABLE and names the active in the trailing
-metadata (`ACTIVE_KEY`); the client tries that one next if it is one of its own
-candidates, otherwise the next in its list.
+metadata (`ACTIVE_KEY`), with its leader lease (`LEASE_KEY`); the client tries that
+one next if it is one of its own candidates, otherwise the next in its list, and
+passes over one it gave up on for as long as a standby may name it still
+(`shun_seconds`).
 
 Why only its own: the redirect comes from whoever answers on a candidate's
 address. Without TLS nothing proves who that is, and a client that followed any
@@ -37,6 +39,13 @@ MAX_ENDPOINTS: Final = 64
 ACTIVE_KEY: Final = "timeslice-active"
 #: The longest value of `ACTIVE_KEY` read (a host name of 253, a port, brackets).
 MAX_ACTIVE_TEXT: Final = 300
+#: Beside it: the refusing standby's leader lease, in milliseconds. A standby names
+#: an active (frozen or not) for at most a lease and a third of it (its reads of the
+#: lease row are that far apart) after the active's last renewal, so a client that
+#: gave up on the active need not pass it over for longer (`shun_seconds`).
+LEASE_KEY: Final = "timeslice-leader-lease-ms"
+#: The leases `LEASE_KEY` may name (the orchestrator's own bounds on a leader lease).
+MIN_LEASE_MS, MAX_LEASE_MS = 100, 3_600_000
 
 
 def _shown(text: str) -> str:
@@ -129,6 +138,26 @@ def next_candidate(
     start = 0 if current is None else current + 1
     ring = [(start + step) % len(endpoints) for step in range(len(endpoints))]
     return next((i for i in ring if not avoided(endpoints[i])), ring[0])
+
+
+def lease_from_metadata(values: Iterable[object]) -> float | None:
+    """The leader lease, in seconds, from a refusal's `LEASE_KEY` values: the first
+    one, if it is a whole number of milliseconds within the leases an orchestrator
+    takes; None otherwise."""
+    for value in values:
+        if not isinstance(value, str) or not value.isascii() or not value.isdigit():
+            return None
+        if len(value) > 7 or not MIN_LEASE_MS <= int(value) <= MAX_LEASE_MS:
+            return None
+        return int(value) / 1000
+    return None
+
+
+def shun_seconds(lease: float | None, longest: float) -> float:
+    """How long a candidate given up on is passed over when standbys follow a
+    leader `lease` (None: not known): as long as a standby may name it after its
+    last renewal, at most `longest`."""
+    return longest if lease is None else min(longest, lease * 4 / 3)
 
 
 def active_from_metadata(values: Iterable[object]) -> Target | None:

@@ -24,7 +24,7 @@ from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.ids import Target
 from timeslice.orchestrator.journal import SqlJournal
 from timeslice.orchestrator.server import Orchestrator
-from timeslice.targets import ACTIVE_KEY, parse_targets
+from timeslice.targets import ACTIVE_KEY, LEASE_KEY, parse_targets
 
 POSTGRES_URL = os.environ.get("TIMESLICE_TEST_POSTGRES_URL")
 pytestmark = [
@@ -34,14 +34,14 @@ pytestmark = [
 LEASE = 0.6
 
 
-async def refusal_of(address: str) -> tuple[GRPCError, list[str]]:
-    """A raw Acquire at `address`: the error and the `ACTIVE_KEY` trailing metadata."""
+async def refusal_of(address: str, key: str = ACTIVE_KEY) -> tuple[GRPCError, list[str]]:
+    """A raw Acquire at `address`: the error and its trailing metadata's `key`."""
     host, _, port = address.rpartition(":")
     chan = grpclib.client.Channel(host, int(port))
     seen: list[str] = []
 
     async def trailers(event: RecvTrailingMetadata) -> None:
-        seen.extend(str(v) for v in event.metadata.getall(ACTIVE_KEY, []))
+        seen.extend(str(v) for v in event.metadata.getall(key, []))
 
     listen(chan, RecvTrailingMetadata, trailers)
     try:
@@ -78,6 +78,8 @@ async def test_clients_and_agents_follow_the_active_across_a_takeover(database: 
         assert error.status is Status.UNAVAILABLE
         assert "standby" in (error.message or "")
         assert named == [active.address]
+        _, lease = await refusal_of(standby.address, LEASE_KEY)
+        assert lease == [str(round(LEASE * 1000))]  # how long it may name a frozen one
 
         # `timeslice status` over both says which is active, and shows its groups.
         code, out, err = await asyncio.to_thread(invoke, "status", "--target", targets)

@@ -1,7 +1,9 @@
 """A client whose orchestrator stops answering while its TCP connection stays open
 (a frozen process, a partition: here a proxy that stops forwarding) gives up on it
 within its ping interval plus its ping timeout, and reaches its other candidate;
-over TLS too (whose polite close would wait for the frozen peer)."""
+over TLS too (whose polite close would wait for the frozen peer). A standby that
+names the frozen one as the active is not followed back to it for as long as a
+standby may name a frozen active (its leader lease and a third, when it says it)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.certs import Certs
+from tests.faults.proxy import Proxy
+from tests.waiting import until
+from timeslice.api.h2serve import Call, H2Server, Route
+from timeslice.api.serving import listening_socket
+from timeslice.client._connector import SHUN_SEC
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
+from timeslice.errors import Code
 from timeslice.orchestrator.server import Orchestrator
 from timeslice.security.tls import ServerTls
+from timeslice.targets import ACTIVE_KEY, LEASE_KEY
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -134,3 +143,60 @@ async def test_pings_can_be_turned_off(
         await asyncio.gather(waiting, return_exceptions=True)
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("says_lease", [True, False], ids=["lease said", "no lease said"])
+@pytest.mark.parametrize("http2", ["h2core", "grpclib"])
+async def test_a_candidate_left_frozen_is_followed_again_once_a_standby_may_name_it_anew(
+    http2: str, says_lease: bool
+) -> None:
+    """Candidates F (an orchestrator behind a proxy that stops passing bytes) and S
+    (a standby naming F as the active). The client gives up on frozen F, and S sends
+    it back there: not at once (a standby names a frozen active until its lease runs
+    out), but, once S has said its lease (300 ms), no longer after than a standby may
+    name it; without that word, for `SHUN_SEC` as before."""
+    acquire = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire"
+    async with Orchestrator() as active:
+        host, _, port = active.address.rpartition(":")
+        proxy = Proxy(host, int(port))
+        await proxy.start()
+        front = f"127.0.0.1:{proxy.port}"
+        refusals: list[float] = []
+
+        async def refuse(call: Call) -> None:
+            refusals.append(time.monotonic())
+            await call.recv(1 << 20)
+            trailers = [(ACTIVE_KEY, front)] + ([(LEASE_KEY, "300")] if says_lease else [])
+            call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
+
+        standby = H2Server({acquire: Route(refuse)})
+        sock = listening_socket("127.0.0.1", 0)
+        await standby.start(sock)
+        client = AsyncTimeSliceOrchestratorClient(
+            f"{front},127.0.0.1:{sock.getsockname()[1]}",
+            "x",
+            "g",
+            lease_ttl_sec=None,
+            reconnect_timeout_sec=15,
+            http2=http2,
+            ping_every_sec=0.1,
+            ping_timeout_sec=0.3,
+        )
+        try:
+            proxy.cut()  # F frozen: its connections open, nothing passes
+            granted = asyncio.ensure_future(client.acquire(timeout_sec=12))
+            await until(lambda: bool(refusals), "the client gives up on F", timeout=5)
+            proxy.heal()  # F answers again (as if restarted and elected anew)
+            if says_lease:
+                await asyncio.wait_for(granted, 1.5)  # 0.4 s shunned, and backoff
+                assert time.monotonic() - refusals[0] < 1.5
+            else:
+                await asyncio.sleep(1.5)
+                assert not granted.done()  # S's word is not followed back to F yet
+                await asyncio.wait_for(granted, SHUN_SEC + 2)
+                assert time.monotonic() - refusals[0] > SHUN_SEC - 0.5
+            assert active.table.groups["g"].holder is not None
+        finally:
+            await client.close()
+            await standby.stop()
+            await proxy.close()

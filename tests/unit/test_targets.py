@@ -12,10 +12,12 @@ from timeslice.targets import (
     MAX_TARGETS,
     Endpoint,
     active_from_metadata,
+    lease_from_metadata,
     format_target,
     is_wildcard,
     next_candidate,
     parse_targets,
+    shun_seconds,
 )
 
 A = Target(host="h1", port=50051)
@@ -130,3 +132,22 @@ def test_advertise_must_be_one_host_and_port(bad: str) -> None:
     with pytest.raises(InvalidArgumentError):
         OrchestratorConfig(advertise=bad)
     assert OrchestratorConfig(advertise="orch-0.orch:50051").advertise == "orch-0.orch:50051"
+
+
+def test_the_leader_lease_from_a_refusals_metadata() -> None:
+    assert lease_from_metadata(["5000"]) == 5.0
+    assert lease_from_metadata(["300", "9000"]) == 0.3  # the first only
+    assert lease_from_metadata([]) is None
+
+
+@pytest.mark.parametrize(
+    "values", [[""], ["99"], ["3600001"], ["-5"], ["1e3"], ["５００"], ["9" * 400], [b"500"]]
+)
+def test_a_bad_leader_lease_is_not_heard(values: list[object]) -> None:
+    assert lease_from_metadata(values) is None
+
+
+def test_a_candidate_given_up_on_is_passed_over_while_a_standby_may_name_it() -> None:
+    assert shun_seconds(None, 5.0) == 5.0  # no word of the lease: the longest
+    assert shun_seconds(0.3, 5.0) == pytest.approx(0.4)  # a lease and a third
+    assert shun_seconds(30.0, 5.0) == 5.0  # never longer than the longest

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,20 +43,26 @@ from timeslice.ids import Target
 from timeslice.security.tls import ClientTls
 from timeslice.targets import (
     ACTIVE_KEY,
+    LEASE_KEY,
     MAX_ENDPOINTS,
     Endpoint,
     active_from_metadata,
     is_ip_literal,
+    lease_from_metadata,
     next_candidate,
+    shun_seconds,
 )
 
 T = TypeVar("T")
 
 DEFAULT_PING_EVERY_SEC = 0.5
 DEFAULT_PING_TIMEOUT_SEC = 1.5
-#: How long a candidate this client gave up on is not gone back to on a standby's
-#: word: a standby names the active until the active's lease runs out (5 s by
-#: default), frozen or not. It is still tried in its turn down the list.
+#: How long at most a candidate this client gave up on is not gone back to on a
+#: standby's word: a standby names the active until the active's lease runs out (5 s
+#: by default), frozen or not. It is still tried in its turn down the list. A standby's
+#: refusal says its lease (`LEASE_KEY`): once one has, the candidate is passed over
+#: only as long as a standby may still name it (`shun_seconds`), so that one that
+#: comes back and is elected again (restarted, say) is followed as soon as it is.
 SHUN_SEC = 5.0
 
 
@@ -158,8 +164,10 @@ class Connector:
         # Channel is not hashable by value, and an entry goes with its channel).
         self._redirects: dict[int, Target] = {}
         # The candidates given up on (unreachable, not answering), and when (loop time):
-        # for `SHUN_SEC` a refusal naming one of them is not followed.
+        # a refusal naming one of them is not followed for a while (`_shunned`).
         self._gave_up: dict[Target, float] = {}
+        # The leader lease the last refusal that said one named (seconds).
+        self._lease: float | None = None
         self._resolving = asyncio.Lock()
         self._closed = False
 
@@ -218,6 +226,7 @@ class Connector:
         if redirect is None and isinstance(error, StatusError):
             if error.status is Status.UNAVAILABLE:
                 redirect = active_from_metadata(v for k, v in error.trailers if k == ACTIVE_KEY)
+                self._heard_lease(v for k, v in error.trailers if k == LEASE_KEY)
         if channel is not self._channel:
             return  # another call moved on already
         assert self._index is not None
@@ -237,10 +246,18 @@ class Connector:
             self._index = following
 
     def _shunned(self) -> set[Target]:
-        """The candidates given up on less than `SHUN_SEC` ago."""
+        """The candidates given up on less than `SHUN_SEC` ago, or less than a
+        standby may name them, when a refusal said its lease."""
         now = asyncio.get_running_loop().time()
-        self._gave_up = {t: at for t, at in self._gave_up.items() if now - at < SHUN_SEC}
+        shun = shun_seconds(self._lease, SHUN_SEC)
+        self._gave_up = {t: at for t, at in self._gave_up.items() if now - at < shun}
         return set(self._gave_up)
+
+    def _heard_lease(self, values: Iterable[object]) -> None:
+        """A refusal's `LEASE_KEY` values: the lease its standby follows, if they say."""
+        lease = lease_from_metadata(values)
+        if lease is not None:
+            self._lease = lease
 
     @contextlib.contextmanager
     def using(self, channel: Channel) -> Iterator[None]:
@@ -321,6 +338,7 @@ class Connector:
                 active = active_from_metadata(event.metadata.getall(ACTIVE_KEY, []))
                 if active is not None:
                     self._redirects[id(channel)] = active
+                self._heard_lease(event.metadata.getall(LEASE_KEY, []))
 
         listen(channel, RecvTrailingMetadata, remember_active)
         return channel

@@ -58,7 +58,7 @@ from timeslice.orchestrator.watches import Notice, Render, Watch
 from timeslice.security.callers import Caller, authorize, operator_fields, refusal_fields
 from timeslice.security.principals import Role, Verb
 from timeslice.versions import package_version
-from timeslice.targets import ACTIVE_KEY
+from timeslice.targets import ACTIVE_KEY, LEASE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -533,10 +533,11 @@ class OrchestratorService(pb.TimeSliceOrchestratorServiceBase):
                 if (active := self.orch.active_address()) is None:
                     raise GRPCError(grpclib.const.Status.UNAVAILABLE, why)
                 # A standby that knows the active names it, for clients to go there.
+                lease_ms = str(round(self.orch.config.leader_lease * 1000))
                 await call.end(
                     grpclib.const.Status.UNAVAILABLE,
                     f"{why} (the active is at {active})",
-                    {ACTIVE_KEY: active},
+                    {ACTIVE_KEY: active, LEASE_KEY: lease_ms},
                 )
                 return
             await handle(call)

@@ -17,6 +17,7 @@ import pytest
 from tests.certs import Certs
 from tests.faults.proxy import Proxy
 from tests.waiting import until
+from timeslice.agent.server import Agent
 from timeslice.api.h2serve import Call, H2Server, Route
 from timeslice.api.serving import listening_socket
 from timeslice.client._connector import SHUN_SEC
@@ -198,5 +199,43 @@ async def test_a_candidate_left_frozen_is_followed_again_once_a_standby_may_name
             assert active.table.groups["g"].holder is not None
         finally:
             await client.close()
+            await standby.stop()
+            await proxy.close()
+
+
+async def test_an_agent_left_a_frozen_orchestrator_goes_back_once_a_standby_may_name_it_anew() -> (
+    None
+):
+    """The same for an agent's session, which a standby refuses while a report is on
+    its way: the refusal's trailers (the active, the lease) still reach its connector."""
+    session = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession"
+    async with Orchestrator() as active:
+        host, _, port = active.address.rpartition(":")
+        proxy = Proxy(host, int(port))
+        await proxy.start()
+        front = f"127.0.0.1:{proxy.port}"
+        refusals: list[float] = []
+
+        async def refuse(call: Call) -> None:
+            refusals.append(time.monotonic())
+            trailers = [(ACTIVE_KEY, front), (LEASE_KEY, "300")]
+            call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
+
+        standby = H2Server({session: Route(refuse)})
+        sock = listening_socket("127.0.0.1", 0)
+        await standby.start(sock)
+        proxy.cut()
+        try:
+            async with Agent(
+                node_name="n1",
+                backends=("noop",),
+                orchestrator=f"{front},127.0.0.1:{sock.getsockname()[1]}",
+            ):
+                await until(lambda: bool(refusals), "the agent gives up on F", timeout=5)
+                proxy.heal()
+                await until(lambda: active.agents.in_session("n1"), "back to F", timeout=8)
+                took = time.monotonic() - refusals[0]
+                assert took < 1.5, f"the agent came back {took:.2f} s after the first refusal"
+        finally:
             await standby.stop()
             await proxy.close()

@@ -13,8 +13,10 @@ orchestrator keeps the newest word whatever order they arrive in. A broken strea
 with backoff, so that a restarted orchestrator hears from every agent within
 about a second of its start. The target may list several orchestrators (an
 active and its standbys): a session refused or broken is opened on the next one,
-or on the active a standby names (`timeslice.client._connector`), and a frozen
-orchestrator is left once its pings go unanswered.
+or on the active a standby names (`timeslice.client._connector`: the standby's
+refusal comes while the first report is being sent, and its trailers are read
+from the stream for the connector), and a frozen orchestrator is left once its
+pings go unanswered.
 
 Whether the orchestrator issued a fencing token (`issued`) is asked on the
 session's own connection while one is open: the orchestrator that took the
@@ -30,9 +32,9 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -41,6 +43,7 @@ from timeslice.agent.messages import job_status
 from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
+from timeslice.api.h2client import StatusError
 from timeslice.backends import AcceleratorMemory
 from timeslice.client._connector import Connector, answered
 from timeslice.client._transport import backoff_cap, backoff_delays, in_own_task
@@ -207,7 +210,7 @@ class OrchestratorLink:
                 finally:
                     # A new connection for the next session: to the next candidate if
                     # there are several, or to the active a standby named.
-                    connector.failed(channel, close=True, refused=answered(ended))
+                    connector.failed(channel, close=True, refused=answered(ended), error=ended)
                 if loop.time() - began > HEALTHY_SESSION_SEC:
                     delays = backoff_delays(cap)
                 with contextlib.suppress(TimeoutError):
@@ -216,57 +219,68 @@ class OrchestratorLink:
             connector.close()
 
     async def _session(self, channel: Channel) -> None:
-        async with channel.request(
-            AGENT_SESSION, Cardinality.STREAM_UNARY, opb.AgentReport, opb.AgentSessionEnd
-        ) as stream:
-            await stream.send_request()
-            # Registration says which accelerators the node has (their ids and sizes).
-            self._accelerators = [
-                apb.AcceleratorStatus(
-                    id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
-                )
-                for m in await self.agent.accelerators()
-            ]
-            # The orchestrator answers only when it ends the session (or the
-            # connection breaks): waiting for that answer tells us.
-            ended = asyncio.ensure_future(stream.recv_message())
-            closing = asyncio.ensure_future(self._closing.wait())
-            self._reported = None
-            self._report_due = due = asyncio.Event()
-            due.set()  # the first report goes at once
-            self.agent.watch_changes(self._changed)
-            self._session_channel = channel
-            try:
-                while True:
-                    waiting = asyncio.ensure_future(due.wait())
-                    try:
-                        await asyncio.wait(
-                            {ended, waiting, closing}, return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        waiting.cancel()  # also when this task is cancelled
-                    if closing.done() and not ended.done():
-                        await stream.end()  # the agent leaves: the orchestrator answers
-                        await ended
-                    if ended.done():
-                        ended.result()  # raises why the orchestrator ended it
-                        return
-                    if due.is_set():
-                        due.clear()
-                        self._cancel_state_report()
-                        jobs = self._jobs()
-                        # Changes made while it is sent are weighed against it.
-                        self._reported = _keys(jobs)
-                        await stream.send_message(self._report(jobs))
-                        self.reports_sent += 1
-            finally:
-                self._session_channel = None
-                self.agent.watch_changes(None)
-                self._report_due = None
-                self._cancel_state_report()
-                for left in (ended, closing):
-                    left.cancel()
-                await asyncio.gather(ended, closing, return_exceptions=True)
+        stream: Stream[opb.AgentReport, opb.AgentSessionEnd] | None = None
+        try:
+            async with channel.request(
+                AGENT_SESSION, Cardinality.STREAM_UNARY, opb.AgentReport, opb.AgentSessionEnd
+            ) as stream:
+                await self._reporting(channel, stream)
+        except GRPCError as exc:
+            raise _with_trailers(exc, stream) from None
+
+    async def _reporting(
+        self, channel: Channel, stream: Stream[opb.AgentReport, opb.AgentSessionEnd]
+    ) -> None:
+        """The session on `stream` (of `channel`): reports, until the orchestrator ends
+        it or the agent leaves."""
+        await stream.send_request()
+        # Registration says which accelerators the node has (their ids and sizes).
+        self._accelerators = [
+            apb.AcceleratorStatus(
+                id=m.id, memory_used_bytes=m.used_bytes, memory_total_bytes=m.total_bytes
+            )
+            for m in await self.agent.accelerators()
+        ]
+        # The orchestrator answers only when it ends the session (or the
+        # connection breaks): waiting for that answer tells us.
+        ended = asyncio.ensure_future(stream.recv_message())
+        closing = asyncio.ensure_future(self._closing.wait())
+        self._reported = None
+        self._report_due = due = asyncio.Event()
+        due.set()  # the first report goes at once
+        self.agent.watch_changes(self._changed)
+        self._session_channel = channel
+        try:
+            while True:
+                waiting = asyncio.ensure_future(due.wait())
+                try:
+                    await asyncio.wait(
+                        {ended, waiting, closing}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    waiting.cancel()  # also when this task is cancelled
+                if closing.done() and not ended.done():
+                    await stream.end()  # the agent leaves: the orchestrator answers
+                    await ended
+                if ended.done():
+                    ended.result()  # raises why the orchestrator ended it
+                    return
+                if due.is_set():
+                    due.clear()
+                    self._cancel_state_report()
+                    jobs = self._jobs()
+                    # Changes made while it is sent are weighed against it.
+                    self._reported = _keys(jobs)
+                    await stream.send_message(self._report(jobs))
+                    self.reports_sent += 1
+        finally:
+            self._session_channel = None
+            self.agent.watch_changes(None)
+            self._report_due = None
+            self._cancel_state_report()
+            for left in (ended, closing):
+                left.cancel()
+            await asyncio.gather(ended, closing, return_exceptions=True)
 
     def _changed(self) -> None:
         """After every saved change of the job table, and when a watched process ends:
@@ -339,6 +353,18 @@ class OrchestratorLink:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
+
+
+def _with_trailers(error: GRPCError, stream: Stream[Any, Any] | None) -> GRPCError:
+    """`error`, with the trailers-only answer it came in when there was one (a
+    standby's refusal names the active and its lease there, for the connector).
+    grpclib raises such an answer without reading its metadata when it comes while
+    a report is being sent (the server resets the stream after it)."""
+    headers = getattr(getattr(stream, "_stream", None), "headers", None)
+    if not headers or not any(key == "grpc-status" for key, _ in headers):
+        return error
+    trailers = [(str(k), str(v)) for k, v in headers if not str(k).startswith(":")]
+    return StatusError(error.status, error.message, trailers)
 
 
 def _keys(jobs: list[tuple[Job, Liveness]]) -> tuple[tuple[object, ...], tuple[object, ...]]:

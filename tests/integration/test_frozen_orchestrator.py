@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -146,35 +147,64 @@ async def test_pings_can_be_turned_off(
         await client.close()
 
 
+@dataclass
+class FrozenBehindStandby:
+    """F: an orchestrator behind a proxy (cut: frozen; healed: answering again); S: a
+    standby at `standby` that refuses `route`, naming F as the active (with its lease
+    of 300 ms when `says_lease`), and notes when in `refusals`."""
+
+    proxy: Proxy
+    front: str  # F's address
+    standby: str
+    refusals: list[float]
+
+
+@contextlib.asynccontextmanager
+async def frozen_behind_standby(
+    active: Orchestrator, route: str, *, says_lease: bool = True
+) -> AsyncIterator[FrozenBehindStandby]:
+    host, _, port = active.address.rpartition(":")
+    proxy = Proxy(host, int(port))
+    await proxy.start()
+    front = f"127.0.0.1:{proxy.port}"
+    refusals: list[float] = []
+
+    async def refuse(call: Call) -> None:
+        refusals.append(time.monotonic())
+        trailers = [(ACTIVE_KEY, front)] + ([(LEASE_KEY, "300")] if says_lease else [])
+        call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
+
+    server = H2Server({route: Route(refuse)})
+    sock = listening_socket("127.0.0.1", 0)
+    await server.start(sock)
+    try:
+        yield FrozenBehindStandby(
+            proxy=proxy,
+            front=front,
+            standby=f"127.0.0.1:{sock.getsockname()[1]}",
+            refusals=refusals,
+        )
+    finally:
+        await server.stop()
+        await proxy.close()
+
+
 @pytest.mark.parametrize("says_lease", [True, False], ids=["lease said", "no lease said"])
 @pytest.mark.parametrize("http2", ["h2core", "grpclib"])
 async def test_a_candidate_left_frozen_is_followed_again_once_a_standby_may_name_it_anew(
     http2: str, says_lease: bool
 ) -> None:
-    """Candidates F (an orchestrator behind a proxy that stops passing bytes) and S
-    (a standby naming F as the active). The client gives up on frozen F, and S sends
-    it back there: not at once (a standby names a frozen active until its lease runs
-    out), but, once S has said its lease (300 ms), no longer after than a standby may
-    name it; without that word, for `SHUN_SEC` as before."""
+    """The client gives up on frozen F, and S sends it back there: not at once (a
+    standby names a frozen active until its lease runs out), but, once S has said its
+    lease (300 ms), no longer after than a standby may name it; without that word, for
+    `SHUN_SEC` as before."""
     acquire = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/Acquire"
-    async with Orchestrator() as active:
-        host, _, port = active.address.rpartition(":")
-        proxy = Proxy(host, int(port))
-        await proxy.start()
-        front = f"127.0.0.1:{proxy.port}"
-        refusals: list[float] = []
-
-        async def refuse(call: Call) -> None:
-            refusals.append(time.monotonic())
-            await call.recv(1 << 20)
-            trailers = [(ACTIVE_KEY, front)] + ([(LEASE_KEY, "300")] if says_lease else [])
-            call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
-
-        standby = H2Server({acquire: Route(refuse)})
-        sock = listening_socket("127.0.0.1", 0)
-        await standby.start(sock)
+    async with (
+        Orchestrator() as active,
+        frozen_behind_standby(active, acquire, says_lease=says_lease) as f,
+    ):
         client = AsyncTimeSliceOrchestratorClient(
-            f"{front},127.0.0.1:{sock.getsockname()[1]}",
+            f"{f.front},{f.standby}",
             "x",
             "g",
             lease_ttl_sec=None,
@@ -184,23 +214,21 @@ async def test_a_candidate_left_frozen_is_followed_again_once_a_standby_may_name
             ping_timeout_sec=0.3,
         )
         try:
-            proxy.cut()  # F frozen: its connections open, nothing passes
+            f.proxy.cut()  # F frozen: its connections open, nothing passes
             granted = asyncio.ensure_future(client.acquire(timeout_sec=12))
-            await until(lambda: bool(refusals), "the client gives up on F", timeout=5)
-            proxy.heal()  # F answers again (as if restarted and elected anew)
+            await until(lambda: bool(f.refusals), "the client gives up on F", timeout=5)
+            f.proxy.heal()  # F answers again (as if restarted and elected anew)
             if says_lease:
-                await asyncio.wait_for(granted, 1.5)  # 0.4 s shunned, and backoff
-                assert time.monotonic() - refusals[0] < 1.5
+                await asyncio.wait_for(granted, 1.5)  # 0.4 s passed over, and backoff
+                assert time.monotonic() - f.refusals[0] < 1.5
             else:
                 await asyncio.sleep(1.5)
                 assert not granted.done()  # S's word is not followed back to F yet
                 await asyncio.wait_for(granted, SHUN_SEC + 2)
-                assert time.monotonic() - refusals[0] > SHUN_SEC - 0.5
+                assert time.monotonic() - f.refusals[0] > SHUN_SEC - 0.5
             assert active.table.groups["g"].holder is not None
         finally:
             await client.close()
-            await standby.stop()
-            await proxy.close()
 
 
 async def test_an_agent_left_a_frozen_orchestrator_goes_back_once_a_standby_may_name_it_anew() -> (
@@ -209,33 +237,11 @@ async def test_an_agent_left_a_frozen_orchestrator_goes_back_once_a_standby_may_
     """The same for an agent's session, which a standby refuses while a report is on
     its way: the refusal's trailers (the active, the lease) still reach its connector."""
     session = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/AgentSession"
-    async with Orchestrator() as active:
-        host, _, port = active.address.rpartition(":")
-        proxy = Proxy(host, int(port))
-        await proxy.start()
-        front = f"127.0.0.1:{proxy.port}"
-        refusals: list[float] = []
-
-        async def refuse(call: Call) -> None:
-            refusals.append(time.monotonic())
-            trailers = [(ACTIVE_KEY, front), (LEASE_KEY, "300")]
-            call.finish(Code.UNAVAILABLE, "this orchestrator is a standby", trailers)
-
-        standby = H2Server({session: Route(refuse)})
-        sock = listening_socket("127.0.0.1", 0)
-        await standby.start(sock)
-        proxy.cut()
-        try:
-            async with Agent(
-                node_name="n1",
-                backends=("noop",),
-                orchestrator=f"{front},127.0.0.1:{sock.getsockname()[1]}",
-            ):
-                await until(lambda: bool(refusals), "the agent gives up on F", timeout=5)
-                proxy.heal()
-                await until(lambda: active.agents.in_session("n1"), "back to F", timeout=8)
-                took = time.monotonic() - refusals[0]
-                assert took < 1.5, f"the agent came back {took:.2f} s after the first refusal"
-        finally:
-            await standby.stop()
-            await proxy.close()
+    async with Orchestrator() as active, frozen_behind_standby(active, session) as f:
+        f.proxy.cut()
+        async with Agent(node_name="n1", backends=("noop",), orchestrator=f"{f.front},{f.standby}"):
+            await until(lambda: bool(f.refusals), "the agent gives up on F", timeout=5)
+            f.proxy.heal()
+            await until(lambda: active.agents.in_session("n1"), "back to F", timeout=8)
+            took = time.monotonic() - f.refusals[0]
+            assert took < 1.5, f"the agent came back {took:.2f} s after the first refusal"

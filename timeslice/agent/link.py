@@ -32,7 +32,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
@@ -43,9 +43,8 @@ from timeslice.agent.messages import job_status
 from timeslice.agent.state import Job, JobTable
 from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
 from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
-from timeslice.api.h2client import StatusError
 from timeslice.backends import AcceleratorMemory
-from timeslice.client._connector import Connector, answered
+from timeslice.client._connector import Connector, answered, with_trailers
 from timeslice.client._transport import backoff_cap, backoff_delays, in_own_task
 from timeslice.client.orchestrator import AsyncTimeSliceOrchestratorClient
 from timeslice.errors import NotFoundError
@@ -144,11 +143,9 @@ class OrchestratorLink:
                 answer = await in_own_task(
                     stub.get_group_status(request, timeout=TOKEN_CHECK_TIMEOUT_SEC)
                 )
-            except GRPCError as exc:
-                if exc.status is Status.NOT_FOUND:
+            except (GRPCError, StreamTerminatedError, OSError, TimeoutError) as exc:
+                if isinstance(exc, GRPCError) and exc.status is Status.NOT_FOUND:
                     return Issued(token=0, epoch=0)
-                log.info("asking the session's orchestrator about %r failed: %s", group, exc)
-            except (StreamTerminatedError, OSError, TimeoutError) as exc:
                 log.info("asking the session's orchestrator about %r failed: %s", group, exc)
             else:
                 if answer.group is None:
@@ -226,7 +223,7 @@ class OrchestratorLink:
             ) as stream:
                 await self._reporting(channel, stream)
         except GRPCError as exc:
-            raise _with_trailers(exc, stream) from None
+            raise with_trailers(exc, stream) from None
 
     async def _reporting(
         self, channel: Channel, stream: Stream[opb.AgentReport, opb.AgentSessionEnd]
@@ -353,18 +350,6 @@ class OrchestratorLink:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
-
-
-def _with_trailers(error: GRPCError, stream: Stream[Any, Any] | None) -> GRPCError:
-    """`error`, with the trailers-only answer it came in when there was one (a
-    standby's refusal names the active and its lease there, for the connector).
-    grpclib raises such an answer without reading its metadata when it comes while
-    a report is being sent (the server resets the stream after it)."""
-    headers = getattr(getattr(stream, "_stream", None), "headers", None)
-    if not headers or not any(key == "grpc-status" for key, _ in headers):
-        return error
-    trailers = [(str(k), str(v)) for k, v in headers if not str(k).startswith(":")]
-    return StatusError(error.status, error.message, trailers)
 
 
 def _keys(jobs: list[tuple[Job, Liveness]]) -> tuple[tuple[object, ...], tuple[object, ...]]:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.events import RecvTrailingMetadata, listen
@@ -111,6 +111,18 @@ def answered(error: BaseException | None) -> bool:
     if error is None or isinstance(error, GRPCError):
         return True
     return isinstance(error.__cause__, GRPCError)
+
+
+def with_trailers(error: GRPCError, stream: Stream[Any, Any] | None) -> GRPCError:
+    """`error`, raised by grpclib's `stream`, with the trailers-only answer it came in
+    when there was one, as `failed` reads a refusal's trailers (the active, the lease).
+    grpclib raises such an answer without dispatching its metadata when it comes while
+    a message is being sent on a stream (the server resets the stream after it)."""
+    headers = getattr(getattr(stream, "_stream", None), "headers", None)
+    if not headers or not any(key == "grpc-status" for key, _ in headers):
+        return error
+    trailers = [(str(k), str(v)) for k, v in headers if not str(k).startswith(":")]
+    return StatusError(error.status, error.message, trailers)
 
 
 def _abort_when_closed(channel: Channel) -> None:

@@ -8,8 +8,11 @@ import pytest
 from timeslice.errors import InvalidArgumentError
 from timeslice.ids import Target
 from timeslice.orchestrator.config import OrchestratorConfig
+from timeslice.orchestrator.leadership import MAX_LEADER_LEASE, MIN_LEADER_LEASE
 from timeslice.targets import (
+    MAX_LEASE_MS,
     MAX_TARGETS,
+    MIN_LEASE_MS,
     Endpoint,
     active_from_metadata,
     lease_from_metadata,
@@ -138,6 +141,10 @@ def test_the_leader_lease_from_a_refusals_metadata() -> None:
     assert lease_from_metadata(["5000"]) == 5.0
     assert lease_from_metadata(["300", "9000"]) == 0.3  # the first only
     assert lease_from_metadata([]) is None
+
+
+def test_the_leases_heard_are_those_an_orchestrator_takes() -> None:
+    assert (MIN_LEASE_MS / 1000, MAX_LEASE_MS / 1000) == (MIN_LEADER_LEASE, MAX_LEADER_LEASE)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from timeslice.orchestrator import events as ev
 from timeslice.replay.page import latest, page_data, render_page
-from timeslice.replay.timeline import Timeline, timeline_from_journal
+from timeslice.replay.from_journal import timeline_from_journal
+from timeslice.replay.timeline import Timeline
 
 
 def timeline(label: str, job: str = "A") -> Timeline:

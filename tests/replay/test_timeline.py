@@ -10,7 +10,8 @@ import pytest
 from timeslice.orchestrator import events as ev
 from timeslice.orchestrator.events import Event
 from timeslice.orchestrator.state import LockTable
-from timeslice.replay.timeline import Span, Timeline, timeline_from_journal, uncovered
+from timeslice.replay.from_journal import timeline_from_journal
+from timeslice.replay.timeline import Span, Timeline, uncovered
 
 T0 = 1_000_000.0  # wall clock of the first event: the timeline's time 0
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from timeslice.orchestrator import events as ev
-from timeslice.replay.timeline import Timeline, timeline_from_journal
+from timeslice.replay.from_journal import timeline_from_journal
+from timeslice.replay.timeline import Timeline
 from timeslice.replay.verl import (
     KINDS,
     ScheduleError,

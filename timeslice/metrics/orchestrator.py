@@ -8,7 +8,7 @@ agents in session from the directory, and the holds still open from what
 `observe` saw begin. So the cost on a decision's path is a few dictionary
 updates, and with metrics off (`metrics_port` 0) this module is never imported.
 
-A switch is timed as the replay times it (`timeslice.replay.timeline`): from the
+A switch is timed as the replay times it (`timeslice.replay.from_journal`): from the
 decision that started it (the event whose effects hold `SwitchStarted`) to its
 `SwitchDone`; its snapshot phase lasts as long as the slowest job's snapshot on
 the slowest node, then its restore phase, and the control overhead is the rest

@@ -18,7 +18,8 @@ from sqlalchemy.engine import make_url
 from timeslice.errors import TimeSliceError
 from timeslice.orchestrator.journal import open_journal
 from timeslice.storage import normalize_url
-from timeslice.replay.timeline import JournalRow, Timeline, timeline_from_journal
+from timeslice.replay.from_journal import JournalRow, timeline_from_journal
+from timeslice.replay.timeline import Timeline
 
 
 class ReplayError(Exception):

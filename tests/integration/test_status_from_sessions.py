@@ -8,12 +8,15 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+from grpclib.client import Channel
 
 from tests.waiting import until
 from timeslice import Agent, AsyncSnapshotAgentClient, Orchestrator
 from timeslice.agent import link as link_module
 from timeslice.agent.link import STATE_REPORT_DELAY
 from timeslice.agent.service import AgentService
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.client import AsyncTimeSliceOrchestratorClient, named_backend
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,3 +125,60 @@ async def test_a_report_is_built_only_to_be_sent(monkeypatch: pytest.MonkeyPatch
         sent = link.reports_sent - before_sent
         assert 1 <= sent <= 5  # the states of 20 switches, in a report or a few
         assert built - before_built == 2 * sent  # two jobs in each report, no more built
+
+
+# An agent may name a job state this orchestrator does not know: a newer agent's, or
+# one a hostile agent made up (the fuzzer's -1). Proto3 enums are open, so the value
+# decodes; the status shows such a job as STATE_UNSPECIFIED and every other job as
+# said, rather than failing every caller's GetGroupStatus of the group.
+SAID = {"known": apb.JobState.SAVED, "negative": apb.JobState(-1), "newer": apb.JobState(99)}
+SHOWN = {"known": "SAVED", "negative": "UNSPECIFIED", "newer": "UNSPECIFIED"}
+
+
+def said_jobs() -> list[apb.JobStatus]:
+    return [apb.JobStatus(job_id=job, group="g", state=state) for job, state in SAID.items()]
+
+
+async def test_a_job_state_unknown_here_is_shown_unspecified_from_a_session() -> None:
+    async with Orchestrator() as orch:
+        host, port = orch.address.rsplit(":", 1)
+        channel = Channel(host, int(port))
+        leave = asyncio.Event()
+
+        async def reports() -> AsyncIterator[opb.AgentReport]:
+            yield opb.AgentReport(
+                node_name="n1", address="127.0.0.1:1", groups=["g"], table_version=1,
+                jobs=said_jobs(),
+            )  # fmt: skip
+            await leave.wait()
+
+        session = asyncio.ensure_future(
+            opb.TimeSliceOrchestratorServiceStub(channel).agent_session(reports())
+        )
+        try:
+            await until(lambda: orch.agents.in_session("n1"), "the session open")
+            async with AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a:
+                for _ in range(3):
+                    assert states(await a.get_status()) == SHOWN
+        finally:
+            leave.set()
+            await asyncio.wait_for(session, 5)
+            channel.close()
+
+
+async def test_a_job_state_unknown_here_is_shown_unspecified_from_a_status_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def made_up(self: AgentService, message: object) -> apb.StatusResponse:
+        return apb.StatusResponse(node_name="n1", job_statuses=said_jobs())
+
+    monkeypatch.setattr(AgentService, "status", made_up)
+    async with (
+        Orchestrator() as orch,
+        Agent(node_name="n1", backends=("noop",)) as agent,  # no session: it is asked
+        AsyncTimeSliceOrchestratorClient(orch.address, "a", "g") as a,
+    ):
+        await a.set_group_nodes([agent.address])
+        answer = await a.get_status()
+        assert answer.group.group_state.value != "UNKNOWN"  # the agent answered
+        assert states(answer) == SHOWN

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from timeslice.api.gen.snapshot_agent import v1alpha1 as apb
+from timeslice.api.gen.timeslice_orchestrator import v1alpha1 as opb
 from timeslice.orchestrator.agent_views import NodeView
+from timeslice.orchestrator.agents import state_name
 
 
 def test_a_report_replaces_older_words_and_drops_jobs_it_no_longer_has() -> None:
@@ -44,3 +47,13 @@ def test_jobs_of_no_group_show_in_every_group() -> None:
     view = NodeView()
     view.report(1, [("", "v1", "RUNNING"), ("g", "a", "SAVED"), ("h", "b", "SAVED")])
     assert view.states("g") == [("a", "SAVED"), ("v1", "RUNNING")]
+
+
+def test_every_state_an_agent_may_name_is_one_a_status_shows() -> None:
+    """GetGroupStatus shows each job by the name `state_name` gives its state: every
+    one must be a state of the status message, a value unknown here included."""
+    shown = set(opb.SnapshotAgentJobStateState.__members__)
+    values = [*apb.JobState.betterproto_value_to_renamed_proto_names(), -1, 6, 99]
+    assert {state_name(apb.JobState(v)) for v in values} <= shown
+    assert state_name(apb.JobState.FAULTED) == "FAULTED"
+    assert state_name(apb.JobState(99)) == "UNSPECIFIED"

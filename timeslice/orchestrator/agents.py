@@ -292,9 +292,7 @@ class AgentDirectory:
             if isinstance(answer, StatusResponse):
                 agent = answer.node_name or address
                 views += [
-                    AgentJobView(
-                        agent=agent, job=job.job_id, state=job.state.removeprefix("JOB_STATE_")
-                    )
+                    AgentJobView(agent=agent, job=job.job_id, state=_named(job.state))
                     for job in answer.job_statuses
                     if job.group in (group, "")
                 ]
@@ -307,6 +305,21 @@ class AgentDirectory:
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
 
 
+# The job states an agent may name ("IDLE", ... "FAULTED", and "UNSPECIFIED").
+_STATES = frozenset(
+    name.removeprefix("JOB_STATE_")
+    for name in apb.JobState.betterproto_renamed_proto_names_to_value()
+)
+
+
 def state_name(state: apb.JobState) -> str:
     """A job state as `AgentJobView` names it ("SAVED", ...)."""
-    return enum_name(state).removeprefix("JOB_STATE_")
+    return _named(enum_name(state))
+
+
+def _named(proto_name: str) -> str:
+    """A job state's proto name ("JOB_STATE_SAVED") as `AgentJobView` names it; a
+    state this orchestrator does not know (a newer agent's, or one an agent made up)
+    is "UNSPECIFIED", so that a status shows the job rather than fails."""
+    state = proto_name.removeprefix("JOB_STATE_")
+    return state if state in _STATES else "UNSPECIFIED"

@@ -32,22 +32,23 @@ Back-to-back echoes, plain handoffs and noop switches (both ways of calling) are
 measured in interleaved blocks, so that all of them share the machine's
 background load: each ratio divides figures of the same minutes. Both
 orchestrators journal to SQLite files in a temporary directory with their
-defaults (WAL, synchronous=FULL). A last, shorter batch of switches runs with a
-Watch open on the group to split each switch at the orchestrator's
-SWITCH_STARTED and GRANTED events.
+defaults (WAL, synchronous=FULL). The switching orchestrator's journal, read
+after the loops, splits every measured switch where the orchestrator dated it:
+A's Yield decided, the agents asked, their answers in (`split_switches`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import math
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -87,6 +88,9 @@ from timeslice.client import (  # noqa: E402
     WatchEventKind,
     named_backend,
 )
+from timeslice.orchestrator import events as ev  # noqa: E402
+from timeslice.orchestrator.events import Event  # noqa: E402
+from timeslice.orchestrator.journal import open_journal  # noqa: E402
 
 MiB = 1024**2
 NODES = ("n1", "n2")
@@ -137,11 +141,13 @@ async def set_up_groups(
 
 @dataclass
 class Split:
-    """A switch as the orchestrator's Watch saw it, per measured sample, in seconds."""
+    """Each measured switch cut where the orchestrator's journal says it turned, in
+    seconds (the table prints the p50 of each part)."""
 
-    to_started: list[float] = field(default_factory=list)  # Yield sent -> SWITCH_STARTED
-    started_to_granted: list[float] = field(default_factory=list)  # -> GRANTED (agents' part)
-    granted_to_return: list[float] = field(default_factory=list)  # -> B's Acquire returned
+    decided: list[float] = field(default_factory=list)  # A's Yield sent -> its Yield event
+    asked: list[float] = field(default_factory=list)  # -> the agents asked (grant journaled)
+    answered: list[float] = field(default_factory=list)  # -> every agent answered
+    returned: list[float] = field(default_factory=list)  # -> B's Acquire returned
 
 
 async def collect(address: str, group: str, into: list[WatchEvent]) -> None:
@@ -151,38 +157,64 @@ async def collect(address: str, group: str, into: list[WatchEvent]) -> None:
             into.append(event)
 
 
-async def split_switches(
-    address: str, samples: int, warmup: int, settle: float
-) -> tuple[Handoffs, Split]:
-    """The switch loop again, with a Watch on the group; each sample split where the
-    orchestrator announced SWITCH_STARTED and GRANTED for B (its wall clock, the same
-    as this process's: time.time() here is mapped onto time.monotonic())."""
-    events: list[WatchEvent] = []
-    watcher = asyncio.create_task(collect(address, HANDOFF_GROUP, events))
+async def journal_events(url: str) -> list[Event]:
+    """Every event of the journal at `url` (read while its orchestrator runs)."""
+    journal = open_journal(url, read_only=True)
+    await journal.open()
     try:
-        await asyncio.sleep(0.2)  # the watch is open
-        offset = time.time() - now()
-        run = await measure_handoffs(address, samples, warmup, settle)
-        await asyncio.sleep(0.2)  # the last events arrive
+        return [event for _, _, event in await journal.read()]
     finally:
-        await _cancel(watcher)
-    stamps: dict[WatchEventKind, list[float]] = {
-        WatchEventKind.SWITCH_STARTED: [],
-        WatchEventKind.GRANTED: [],
-    }
-    for event in events:
-        if event.job_id == JOB_B and event.kind in stamps and event.time is not None:
-            stamps[event.kind].append(event.time.timestamp() - offset)
+        await journal.close()
+
+
+def split_switches(events: Iterable[Event], runs: Iterable[Handoffs], offset: float) -> Split:
+    """Cut each sample of `runs` (switches of the handoff group from A to B) at the
+    times the orchestrator journaled: A's Yield decided (`Yield.now`), the agents
+    asked (`SwitchDone.began`: the grant and the switch's start written and acted
+    on) and every agent's answer in (`SwitchDone.now`); B's Acquire returns once the
+    switch's end is written too. `offset` maps the orchestrator's wall clock onto
+    this process's `now()` (its time.time() - now()). Read after the run, the
+    journal splits the very switches measured, at no cost to them; a sample whose
+    events are not found is left out."""
+    yields = sorted(
+        e.now - offset
+        for e in events
+        if isinstance(e, ev.Yield) and e.group == HANDOFF_GROUP and e.job == JOB_A
+    )
+    switches = sorted(
+        (e.began - offset, e.now - offset)
+        for e in events
+        if isinstance(e, ev.SwitchDone) and e.group == HANDOFF_GROUP and e.began and not e.error
+    )
     split = Split()
-    for sent, latency in zip(run.sent_at, run.latency, strict=True):
-        started = next((t for t in stamps[WatchEventKind.SWITCH_STARTED] if t >= sent), None)
-        granted = next((t for t in stamps[WatchEventKind.GRANTED] if t >= sent), None)
-        if started is None or granted is None or not started <= granted <= sent + latency:
-            continue
-        split.to_started.append(started - sent)
-        split.started_to_granted.append(granted - started)
-        split.granted_to_return.append(sent + latency - granted)
-    return run, split
+    for run in runs:
+        for sent, latency in zip(run.sent_at, run.latency, strict=True):
+            returned = sent + latency
+            # Both clocks are the system's, read apart: slack for that alone.
+            at = bisect.bisect_left(yields, sent - _SLACK)
+            if at == len(yields) or (decided := yields[at]) > returned:
+                continue
+            at = bisect.bisect_left(switches, (decided,))
+            if at == len(switches) or (answered := switches[at][1]) > returned:
+                continue
+            asked = switches[at][0]
+            split.decided.append(decided - sent)
+            split.asked.append(asked - decided)
+            split.answered.append(answered - asked)
+            split.returned.append(returned - answered)
+    return split
+
+
+# Seconds a journaled time may seem to precede the moment it follows: this process
+# maps the orchestrator's time.time() onto time.monotonic() with one reading of both.
+_SLACK = 1e-4
+# The parts of a switch `split_switches` tells apart, as the table names them.
+SPLIT_PARTS = {
+    "decided": "A's Yield sent -> the orchestrator's Yield event",
+    "asked": "-> the agents asked (the grant and the switch's start written)",
+    "answered": "-> every agent answered (both snapshot A and restore B)",
+    "returned": "-> B's Acquire returned (the switch's end written, B answered)",
+}
 
 
 async def measure_agent_switches(
@@ -376,11 +408,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             direct = await measure_agent_switches(
                 switching, agents, args.rounds, args.warmup, settle
             )
-            split_run, split = (None, Split())
-            if args.split_rounds > 0:
-                split_run, split = await split_switches(
-                    switching, args.split_rounds, args.warmup, settle
-                )
+            # The switching orchestrator's journal, read as it runs, splits its switches.
+            events = await journal_events(f"sqlite:///{tmp}/switch.db")
+            offset = time.time() - now()
+            splits = {
+                "stubs": split_switches(events, switches, offset),
+                "client": split_switches(events, client_switches, offset),
+            }
             hostmem = whole = None
             if args.switches > 0:
                 # Tag by tag (the next one in as the other goes out) and moved whole,
@@ -419,15 +453,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["target_met_switch_over_echo"] = result["switch_noop_over_echo"] <= TARGET_ECHO_RTTS
     result["target_met_added_over_echo"] = result["switch_added_echo_rtts"] <= TARGET_ECHO_RTTS
-    if split.to_started:
-        result["switch_split_p50_ms"] = {
-            "yield_sent_to_switch_started": statistics.median(split.to_started) * ms,
-            "switch_started_to_granted": statistics.median(split.started_to_granted) * ms,
-            "granted_to_acquire_returned": statistics.median(split.granted_to_return) * ms,
-        }
-        assert split_run is not None
-        result["switch_split_samples"] = len(split.to_started)
-        result["switch_noop_with_watch_p50_ms"] = statistics.median(split_run.latency) * ms
+    for way, split in splits.items():
+        if split.decided:
+            result[f"switch_split_{way}_p50_ms"] = {
+                part: statistics.median(getattr(split, part)) * ms for part in SPLIT_PARTS
+            }
+            result[f"switch_split_{way}_samples"] = len(split.decided)
     if hostmem is not None:
         workload_bytes = args.mib * MiB
         computed = 2 * workload_bytes  # one workload written out, the other read back
@@ -468,7 +499,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup,
         "echoes_back_to_back": max(1, args.echoes // blocks) * blocks,
         "settle_ms": args.settle_ms,
-        "split_rounds": args.split_rounds,
         "mib": args.mib,
         "switches": args.switches,
         "quick": args.quick,
@@ -529,19 +559,16 @@ def print_table(r: dict[str, Any]) -> None:
     ]:
         verdict = "met" if r[key] <= target else "NOT met"
         print(f"target: {label} <= {target:g}: {r[key]:.2f} -> {verdict}")
-    if (split := r.get("switch_split_p50_ms")) is not None:
+    ways = [w for w in ("stubs", "client") if f"switch_split_{w}_p50_ms" in r]
+    if ways:
         print()
-        print(
-            f"where a noop switch's time goes, p50 of each part ({r['switch_split_samples']} "
-            f"switches with a Watch open; end to end p50 {r['switch_noop_with_watch_p50_ms']:.3f} ms):"
-        )
-        labels = {
-            "yield_sent_to_switch_started": "A's Yield sent -> SWITCH_STARTED (Yield, grant journaled)",
-            "switch_started_to_granted": "SWITCH_STARTED -> GRANTED (both agents, SwitchDone journaled)",
-            "granted_to_acquire_returned": "GRANTED -> B's Acquire returned",
-        }
-        for key, value in split.items():
-            print(f"  {labels[key]:64} {value:7.3f} ms")
+        print("where a noop switch's time goes, p50 of each part, as the orchestrator's journal")
+        print("dates each measured switch (through the stubs; through timeslice's client):")
+        for part, label in SPLIT_PARTS.items():
+            values = "  ".join(f"{r[f'switch_split_{w}_p50_ms'][part]:7.3f} ms" for w in ways)
+            print(f"  {label:66} {values}")
+        counted = ", ".join(str(r[f"switch_split_{w}_samples"]) for w in ways)
+        print(f"  switches split: {counted}")
     if "hostmem_switch_p50_ms" in r:
         print()
         print(
@@ -606,9 +633,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--settle-ms", type=float, default=5.0, help="pause after the waiter is queued"
     )
-    parser.add_argument(
-        "--split-rounds", type=int, default=50, help="switches split with a Watch (0: none)"
-    )
     parser.add_argument("--mib", type=int, default=256, help="size of each host-memory workload")
     parser.add_argument(
         "--switches", type=int, default=5, help="measured host-memory switches (0: none)"
@@ -616,7 +640,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.warmup, args.echoes = min(args.rounds, 20), min(args.warmup, 5), 100
-        args.split_rounds, args.mib = min(args.split_rounds, 10), min(args.mib, 16)
+        args.mib = min(args.mib, 16)
         args.switches = min(args.switches, 3)
     if args.rounds < 1 or args.mib < 1 or args.switches < 0 or args.warmup < 0:
         parser.error("--rounds and --mib must be positive; --switches, --warmup not negative")

@@ -49,7 +49,9 @@ KINDS = ("sqlite", "raw", "memory")
 
 def event(i: int) -> ev.Acquire:
     """The i-th event: an Acquire, as most appends carry."""
-    return ev.Acquire(now=time.time(), group=f"group-{i % 10:04d}", job=f"job-{i % 100:05d}", call_id=f"1.{i}")
+    return ev.Acquire(
+        now=time.time(), group=f"group-{i % 10:04d}", job=f"job-{i % 100:05d}", call_id=f"1.{i}"
+    )
 
 
 class RawSqlite:

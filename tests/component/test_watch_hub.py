@@ -19,7 +19,9 @@ from timeslice.orchestrator.watches import WAKES_PER_TURN, Notice, WatchHub
 
 
 def yielded(group: str = "g", job: str = "a", token: int = 1) -> ev.Yielded:
-    return ev.Yielded(group=group, job=job, token=token, pending_waiters=0, snapshot_deferred=False, next_job="")
+    return ev.Yielded(
+        group=group, job=job, token=token, pending_waiters=0, snapshot_deferred=False, next_job=""
+    )
 
 
 # --- the hub alone ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
+
 @dataclass(frozen=True, kw_only=True)
 class Instruction:
     name: str

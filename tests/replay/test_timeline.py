@@ -172,7 +172,9 @@ def test_a_quarantined_target_fails_the_switch() -> None:
     tl = fold(
         ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)),
         ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
-        ev.SwitchDone(now=at(1), group="g", token=1, restored=False, faults=(("A", "snapshot failed"),)),
+        ev.SwitchDone(
+            now=at(1), group="g", token=1, restored=False, faults=(("A", "snapshot failed"),)
+        ),
     )
     assert [s.error for s in tl.switches] == ["the switch failed"]
     assert [m.kind for m in tl.marks] == ["quarantined", "revoked"]
@@ -194,7 +196,10 @@ def test_a_switch_revoked_while_it_runs_is_abandoned_not_counted() -> None:
 
 
 def test_a_switch_still_running_at_the_end_is_noted() -> None:
-    tl = fold(ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)), ev.Acquire(now=at(1), group="g", job="A", call_id="a1"))
+    tl = fold(
+        ev.SetGroupNodes(now=at(0), group="g", nodes=("n1",)),
+        ev.Acquire(now=at(1), group="g", job="A", call_id="a1"),
+    )
     assert tl.switches == ()
     assert any("still running" in n for n in tl.notes)
 
@@ -275,7 +280,10 @@ def test_a_compacted_journal_without_a_snapshot_says_what_it_skipped() -> None:
 
 
 def test_gaps_in_the_event_numbers_are_noted() -> None:
-    r = rows(ev.Acquire(now=at(0), group="g", job="A", call_id="a1"), ev.Yield(now=at(1), group="g", job="A"))
+    r = rows(
+        ev.Acquire(now=at(0), group="g", job="A", call_id="a1"),
+        ev.Yield(now=at(1), group="g", job="A"),
+    )
     r[1] = (5, r[1][1], r[1][2])
     assert any("1 gap" in n for n in timeline_from_journal(r).notes)
 

@@ -207,7 +207,17 @@ class JobTableMachine(RuleBasedStateMachine):
         group, job = self.choose(group, job, pick)
         existing = self.table.jobs.get((group, job))
         others = {c for j in self.table.jobs.values() if j.key != (group, job) for c in j.claims}
-        outcome = self.apply(Register(now=self.now, group=group, job=job, backend=backend, config={"n": 1}, claims=taken, state=state))
+        outcome = self.apply(
+            Register(
+                now=self.now,
+                group=group,
+                job=job,
+                backend=backend,
+                config={"n": 1},
+                claims=taken,
+                state=state,
+            )
+        )
         if state not in (R, S):
             assert isinstance(outcome, InvalidArgumentError), outcome
         elif existing is not None and (existing.state is T or existing.backend != backend):
@@ -247,7 +257,17 @@ class JobTableMachine(RuleBasedStateMachine):
         fencing = {"none": 0, "stale": newest - 1, "current": newest, "newer": newest + 1}[token]
         was = found.state if found else None
         others = {c for j in self.table.jobs.values() if j.key != (group, job) for c in j.claims}
-        event = Start(now=self.now, kind=kind, group=group, job=job, timeout=timeout, token=fencing, backend=backend, config=None, claims=taken)
+        event = Start(
+            now=self.now,
+            kind=kind,
+            group=group,
+            job=job,
+            timeout=timeout,
+            token=fencing,
+            backend=backend,
+            config=None,
+            claims=taken,
+        )
         outcome = self.apply(event)
         needed = R if kind == SNAPSHOT else S
         if timeout <= 0:
@@ -301,7 +321,16 @@ class JobTableMachine(RuleBasedStateMachine):
         op_id = "op-0" if stale else self.op_ids[pick % len(self.op_ids)]
         op = self.table.operations.get(op_id)
         was_pending = op is not None and op.status is OpStatus.PENDING
-        outcome = self.apply(Finish(now=self.now, op_id=op_id, ok=ok, storage_bytes=stored, device_bytes=stored, error="backend failed"))
+        outcome = self.apply(
+            Finish(
+                now=self.now,
+                op_id=op_id,
+                ok=ok,
+                storage_bytes=stored,
+                device_bytes=stored,
+                error="backend failed",
+            )
+        )
         if not was_pending:
             assert outcome == [], outcome
             return
@@ -387,7 +416,11 @@ class JobTableMachine(RuleBasedStateMachine):
         group, job = self.choose(group, job, pick)
         found = self.table.jobs.get((group, job))
         was = found.state if found else None
-        outcome = self.apply(Reconciled(now=self.now, group=group, job=job, state=answer, reason="backend cannot tell"))
+        outcome = self.apply(
+            Reconciled(
+                now=self.now, group=group, job=job, state=answer, reason="backend cannot tell"
+            )
+        )
         assert outcome == [], outcome
         if found is None or was in (T, F):
             assert found is None or found.state is was

@@ -19,9 +19,24 @@ from timeslice.storage import JournalBusy
 def job_table_document() -> dict[str, Any]:
     """A saved job table, with text that JSON must escape."""
     table = JobTable()
-    table.handle(Register(now=1.0, group="gröup ✓", job="jöb 🚀", backend="noop", config={"q": 'a " b\n'}, claims=("pid:1",)))
-    table.handle(Register(now=1.5, group="", job="any", backend="cuda", config={}, claims=(), state=JobState.SAVED))
-    table.handle(Start(now=2.0, kind=SNAPSHOT, group="gröup ✓", job="jöb 🚀", timeout=30.0, token=3))
+    table.handle(
+        Register(
+            now=1.0,
+            group="gröup ✓",
+            job="jöb 🚀",
+            backend="noop",
+            config={"q": 'a " b\n'},
+            claims=("pid:1",),
+        )
+    )
+    table.handle(
+        Register(
+            now=1.5, group="", job="any", backend="cuda", config={}, claims=(), state=JobState.SAVED
+        )
+    )
+    table.handle(
+        Start(now=2.0, kind=SNAPSHOT, group="gröup ✓", job="jöb 🚀", timeout=30.0, token=3)
+    )
     table.handle(Finish(now=3.0, op_id="op-1", ok=True, storage_bytes=1 << 40))
     return table.to_dict()
 

@@ -14,7 +14,15 @@ from timeslice.orchestrator.state import LockTable
 
 # Every event type, with every optional field set away from its default.
 EVENTS: list[ev.Event] = [
-    ev.Acquire(now=1.5, group="g", job="job", call_id="0.1", request_id="req-1", lease_ttl=30.0, wait_deadline=9.25),
+    ev.Acquire(
+        now=1.5,
+        group="g",
+        job="job",
+        call_id="0.1",
+        request_id="req-1",
+        lease_ttl=30.0,
+        wait_deadline=9.25,
+    ),
     ev.Acquire(now=1.5, group="g", job="job", call_id="0.2", priority=-3),
     ev.Acquire(now=0.0, group="g", job="job", call_id="0.2"),
     ev.Yield(now=2.0, group="g", job="job", request_id="req-2", token=7),
@@ -36,7 +44,13 @@ EVENTS: list[ev.Event] = [
     ev.SetGroupNodes(now=8.5, group="g", nodes=("n1", "127.0.0.1:9001")),
     ev.SetGroupNodes(now=8.5, group="g", nodes=()),
     ev.RegisterAgent(now=8.6, node="n1", address="10.0.0.1:9001"),
-    ev.SetJobBackend(now=8.7, group="g", job="job", node="n1", backend={"cuda": {"explicitTarget": {"pids": [12]}}}),
+    ev.SetJobBackend(
+        now=8.7,
+        group="g",
+        job="job",
+        node="n1",
+        backend={"cuda": {"explicitTarget": {"pids": [12]}}},
+    ),
     ev.SetJobBackend(now=8.7, group="g", job="job", node="", backend=None),
     ev.SwitchDone(
         now=8.8,
@@ -53,7 +67,9 @@ EVENTS: list[ev.Event] = [
     ev.ResetJob(now=8.9, group="g", job="other"),
     ev.WorkloadSeen(now=8.95, group="g", job="job", seen=(Liveness.GONE, Liveness.UNKNOWN)),
     ev.Acquire(now=9.0, group="gröup ✓", job="jöb", call_id="1.1", request_id="ré"),
-    ev.Acquire(now=9.5, group="g", job="job", call_id="1.2", principal="trainer-a", lease_secret="Zm9v-_x"),
+    ev.Acquire(
+        now=9.5, group="g", job="job", call_id="1.2", principal="trainer-a", lease_secret="Zm9v-_x"
+    ),
     ev.Yield(now=9.6, group="g", job="job", token=8, principal="trainer-a"),
     ev.KeepAlive(now=9.7, group="g", job="job", lease_id="lease-8-Zm9v-_x", principal="trainer-a"),
 ]
@@ -148,4 +164,6 @@ def test_a_table_fed_round_tripped_events_ends_where_the_original_did() -> None:
 def test_an_acquire_journaled_before_priorities_existed_reads_as_priority_0() -> None:
     data = ev.event_to_dict(ev.Acquire(now=1.0, group="g", job="job", call_id="0.1"))
     del data["priority"]
-    assert ev.event_from_dict(data) == ev.Acquire(now=1.0, group="g", job="job", call_id="0.1", priority=0)
+    assert ev.event_from_dict(data) == ev.Acquire(
+        now=1.0, group="g", job="job", call_id="0.1", priority=0
+    )

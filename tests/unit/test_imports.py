@@ -65,8 +65,7 @@ def test_the_orchestrator_client_loads_no_agent_client_or_workload_channel() -> 
 
 def test_importing_the_package_loads_only_the_errors_and_the_lazy_names() -> None:
     code = (
-        "import sys, timeslice; "
-        "print(sorted(m for m in sys.modules if m.startswith('timeslice')))"
+        "import sys, timeslice; print(sorted(m for m in sys.modules if m.startswith('timeslice')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True

@@ -104,7 +104,17 @@ def no_lease(token: int) -> ev.LeaseInfo:
 def test_a_group_is_created_by_its_first_acquire(t: Harness) -> None:
     assert t.table.groups == {}
     effects = t.acquire("a", now=1.0)
-    assert effects == [ev.Granted(group="g", job="a", call_id="call-a", token=1, lease=no_lease(1), waited=0.0, context_restored=False)]
+    assert effects == [
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="call-a",
+            token=1,
+            lease=no_lease(1),
+            waited=0.0,
+            context_restored=False,
+        )
+    ]
     assert list(t.table.groups) == ["g"]
     g = t.table.groups["g"]
     assert (g.state, t.holder(), g.active_job, g.loaded_job) == (GroupState.LOCKED, "a", "a", "a")
@@ -151,11 +161,31 @@ def test_the_holder_acquiring_again_gets_the_same_token(t: Harness) -> None:
     # Asking again for a grant already taken: losing this answer must not roll
     # the grant back (must_deliver False), or the job would hold without the lock.
     again = t.acquire("a", now=5)
-    assert again == [ev.Granted(group="g", job="a", call_id="call-a", token=first.token, lease=first.lease, waited=0.0, context_restored=False, must_deliver=False)]
+    assert again == [
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="call-a",
+            token=first.token,
+            lease=first.lease,
+            waited=0.0,
+            context_restored=False,
+            must_deliver=False,
+        )
+    ]
     again = t.acquire("a", now=6, call_id="a-2")
     assert again == [
         ev.Superseded(group="g", job="a", call_id="call-a"),
-        ev.Granted(group="g", job="a", call_id="a-2", token=first.token, lease=first.lease, waited=0.0, context_restored=False, must_deliver=False),
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="a-2",
+            token=first.token,
+            lease=first.lease,
+            waited=0.0,
+            context_restored=False,
+            must_deliver=False,
+        ),
     ]
     assert t.table.groups["g"].token == first.token
 
@@ -164,7 +194,11 @@ def test_state_goes_locked_then_idle_yielded(t: Harness) -> None:
     t.acquire("a")
     assert t.state() is GroupState.LOCKED
     effects = t.yield_("a", now=4)
-    assert effects == [ev.Yielded(group="g", job="a", token=1, pending_waiters=0, snapshot_deferred=True, next_job="")]
+    assert effects == [
+        ev.Yielded(
+            group="g", job="a", token=1, pending_waiters=0, snapshot_deferred=True, next_job=""
+        )
+    ]
     g = t.table.groups["g"]
     assert g.state is GroupState.IDLE_YIELDED
     assert (g.holder, g.active_job, g.loaded_job, g.state_since) == (None, "a", "a", 4)
@@ -179,7 +213,15 @@ def test_yield_with_nobody_waiting_keeps_the_context_live_for_the_same_job(t: Ha
     [yielded] = t.yield_("a", now=1)
     assert yielded.snapshot_deferred and yielded.pending_waiters == 0 and yielded.next_job == ""
     [again] = t.acquire("a", now=2, call_id="a-2")
-    assert again == ev.Granted(group="g", job="a", call_id="a-2", token=2, lease=no_lease(2), waited=0.0, context_restored=False)
+    assert again == ev.Granted(
+        group="g",
+        job="a",
+        call_id="a-2",
+        token=2,
+        lease=no_lease(2),
+        waited=0.0,
+        context_restored=False,
+    )
     assert t.state() is GroupState.LOCKED
 
 
@@ -197,8 +239,18 @@ def test_yield_with_a_waiter_grants_it(t: Harness) -> None:
     t.acquire("c", now=3)
     effects = t.yield_("a", now=7)
     assert effects == [
-        ev.Yielded(group="g", job="a", token=1, pending_waiters=2, snapshot_deferred=False, next_job="b"),
-        ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=5.0, context_restored=False),
+        ev.Yielded(
+            group="g", job="a", token=1, pending_waiters=2, snapshot_deferred=False, next_job="b"
+        ),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=5.0,
+            context_restored=False,
+        ),
     ]
     g = t.table.groups["g"]
     assert (g.active_job, g.loaded_job, t.queue()) == ("b", "b", ["c"])
@@ -213,11 +265,21 @@ def test_a_lease_expires_unless_kept_alive_and_the_next_waiter_is_granted(t: Har
     t.acquire("b", now=1)
     assert t.table.next_deadline() == 10.0
     assert t.table.due(9.99) is None
-    assert t.table.due(10.0) == ev.Revoke(now=10.0, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED)
+    assert t.table.due(10.0) == ev.Revoke(
+        now=10.0, group="g", token=1, reason=ev.Reason.LEASE_EXPIRED
+    )
     effects = t.run_due(10.0)
     assert effects == [
         ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED),
-        ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=9.0, context_restored=False),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=9.0,
+            context_restored=False,
+        ),
     ]
     t.refuse(ev.KeepAlive(now=11, group="g", job="a", lease_id="lease-1"), LeaseLostError)
 
@@ -225,10 +287,19 @@ def test_a_lease_expires_unless_kept_alive_and_the_next_waiter_is_granted(t: Har
 def test_keep_alive_moves_the_expiry(t: Harness) -> None:
     t.acquire("a", now=0, lease_ttl=10.0)
     effects = t.handle(ev.KeepAlive(now=6.0, group="g", job="a", lease_id="lease-1"))
-    assert effects == [ev.LeaseRenewed(group="g", job="a", token=1, lease=ev.LeaseInfo(lease_id="lease-1", ttl=10.0, expires_at=16.0))]
+    assert effects == [
+        ev.LeaseRenewed(
+            group="g",
+            job="a",
+            token=1,
+            lease=ev.LeaseInfo(lease_id="lease-1", ttl=10.0, expires_at=16.0),
+        )
+    ]
     assert t.table.due(10.0) is None
     assert t.table.next_deadline() == 16.0
-    assert t.run_due(16.0) == [ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED)]
+    assert t.run_due(16.0) == [
+        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED)
+    ]
     assert t.state() is GroupState.IDLE_YIELDED
 
 
@@ -263,7 +334,9 @@ def test_a_holder_without_a_lease_is_never_revoked_for_silence(t: Harness) -> No
     assert t.table.next_deadline() is None
     assert t.table.due(1e9) is None
     t.handle(ev.Recover(now=100.0, grace=5.0))
-    assert t.run_due(1e9) == [ev.LeftQueue(group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED)]
+    assert t.run_due(1e9) == [
+        ev.LeftQueue(group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED)
+    ]
     assert t.holder() == "a"
 
 
@@ -279,7 +352,15 @@ def test_force_release_takes_the_lock_and_grants_the_next(t: Harness) -> None:
     effects = t.handle(ev.ForceRelease(now=3, group="g", reason="stuck"))
     assert effects == [
         ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.OPERATOR, detail="stuck"),
-        ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=2.0, context_restored=False),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=2.0,
+            context_restored=False,
+        ),
     ]
     effects = t.handle(ev.ForceRelease(now=4, group="g", job="b"))
     assert effects == [ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.OPERATOR)]
@@ -316,9 +397,19 @@ def test_the_default_hold_limit_applies_to_every_group(t: Harness) -> None:
     assert t.table.next_deadline() == 30.0
     assert t.run_due(30.0) == [
         ev.Revoked(group="g1", job="a", token=1, reason=ev.Reason.HOLD_LIMIT),
-        ev.Granted(group="g1", job="c", call_id="call-c", token=2, lease=no_lease(2), waited=24.0, context_restored=False),
+        ev.Granted(
+            group="g1",
+            job="c",
+            call_id="call-c",
+            token=2,
+            lease=no_lease(2),
+            waited=24.0,
+            context_restored=False,
+        ),
     ]
-    assert t.run_due(35.0) == [ev.Revoked(group="g2", job="b", token=1, reason=ev.Reason.HOLD_LIMIT)]
+    assert t.run_due(35.0) == [
+        ev.Revoked(group="g2", job="b", token=1, reason=ev.Reason.HOLD_LIMIT)
+    ]
     assert t.table.next_deadline() == 60.0  # c's grant began at 30
 
 
@@ -344,7 +435,9 @@ def test_a_hold_limit_set_later_applies_to_the_current_holder(t: Harness) -> Non
     assert t.table.next_deadline() is None
     t.handle(ev.SetHoldLimit(now=10, group="g", max_hold=20.0))
     assert t.table.next_deadline() == 20.0
-    t.handle(ev.SetHoldLimit(now=11, group="g", max_hold=50.0))  # a longer limit moves the deadline out
+    t.handle(
+        ev.SetHoldLimit(now=11, group="g", max_hold=50.0)
+    )  # a longer limit moves the deadline out
     assert t.table.due(20.0) is None
     assert t.table.next_deadline() == 50.0
 
@@ -393,8 +486,12 @@ def test_a_cancelled_waiter_leaves_the_queue(t: Harness) -> None:
     t.acquire("a")
     for job in "bcd":
         t.acquire(job)
-    effects = t.handle(ev.DropWaiter(now=1, group="g", job="c", call_id="call-c", reason=ev.Reason.CANCELLED))
-    assert effects == [ev.LeftQueue(group="g", job="c", call_id="call-c", reason=ev.Reason.CANCELLED)]
+    effects = t.handle(
+        ev.DropWaiter(now=1, group="g", job="c", call_id="call-c", reason=ev.Reason.CANCELLED)
+    )
+    assert effects == [
+        ev.LeftQueue(group="g", job="c", call_id="call-c", reason=ev.Reason.CANCELLED)
+    ]
     assert t.queue() == ["b", "d"]
     assert t.acquire("e") == [ev.Queued(group="g", job="e", call_id="call-e", position=2)]
 
@@ -402,12 +499,20 @@ def test_a_cancelled_waiter_leaves_the_queue(t: Harness) -> None:
 @pytest.mark.parametrize(
     "event",
     [
-        ev.DropWaiter(now=1, group="g", job="b", call_id="old-call", reason=ev.Reason.CANCELLED),  # re-attached since
-        ev.DropWaiter(now=1, group="g", job="x", call_id="call-x", reason=ev.Reason.CANCELLED),  # never queued
-        ev.DropWaiter(now=1, group="g", job="a", call_id="call-a", reason=ev.Reason.CANCELLED),  # the holder
+        ev.DropWaiter(
+            now=1, group="g", job="b", call_id="old-call", reason=ev.Reason.CANCELLED
+        ),  # re-attached since
+        ev.DropWaiter(
+            now=1, group="g", job="x", call_id="call-x", reason=ev.Reason.CANCELLED
+        ),  # never queued
+        ev.DropWaiter(
+            now=1, group="g", job="a", call_id="call-a", reason=ev.Reason.CANCELLED
+        ),  # the holder
         ev.DropWaiter(now=1, group="nope", job="b", call_id="call-b", reason=ev.Reason.CANCELLED),
         ev.Revoke(now=1, group="g", token=0, reason=ev.Reason.LEASE_EXPIRED),  # a token long gone
-        ev.Revoke(now=1, group="g", token=2, reason=ev.Reason.LEASE_EXPIRED),  # a token not issued yet
+        ev.Revoke(
+            now=1, group="g", token=2, reason=ev.Reason.LEASE_EXPIRED
+        ),  # a token not issued yet
         ev.Revoke(now=1, group="g", token=1, reason=ev.Reason.NOT_DELIVERED, call_id="old-call"),
         ev.Revoke(now=1, group="nope", token=1, reason=ev.Reason.LEASE_EXPIRED),
     ],
@@ -433,10 +538,20 @@ def test_a_grant_nobody_took_is_rolled_back_and_the_next_waiter_granted(t: Harne
     t.acquire("c", now=2)
     [_, g] = t.yield_("a", now=3)
     assert (g.job, g.call_id) == ("b", "call-b")
-    effects = t.handle(ev.Revoke(now=3, group="g", token=g.token, reason=ev.Reason.NOT_DELIVERED, call_id="call-b"))
+    effects = t.handle(
+        ev.Revoke(now=3, group="g", token=g.token, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")
+    )
     assert effects == [
         ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED),
-        ev.Granted(group="g", job="c", call_id="call-c", token=3, lease=no_lease(3), waited=1.0, context_restored=False),
+        ev.Granted(
+            group="g",
+            job="c",
+            call_id="call-c",
+            token=3,
+            lease=no_lease(3),
+            waited=1.0,
+            context_restored=False,
+        ),
     ]
     assert t.queue() == []
 
@@ -446,7 +561,9 @@ def test_a_grant_nobody_took_leaves_the_previous_context_active(t: Harness) -> N
     t.acquire("b", now=1)
     [_, g] = t.yield_("a", now=2)
     assert (t.table.groups["g"].active_job, t.table.groups["g"].loaded_job) == ("b", "b")
-    t.handle(ev.Revoke(now=3, group="g", token=g.token, reason=ev.Reason.NOT_DELIVERED, call_id="call-b"))
+    t.handle(
+        ev.Revoke(now=3, group="g", token=g.token, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")
+    )
     group = t.table.groups["g"]
     assert t.state() is GroupState.IDLE_YIELDED
     assert (group.active_job, group.loaded_job, group.token) == ("a", "a", 2)
@@ -473,8 +590,12 @@ def test_a_waiter_leaves_when_its_wait_deadline_passes(t: Harness) -> None:
     t.acquire("b", now=1, wait_deadline=5.0)
     t.acquire("c", now=2)
     assert t.table.next_deadline() == 5.0
-    assert t.table.due(5.0) == ev.DropWaiter(now=5.0, group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT)
-    assert t.run_due(5.0) == [ev.LeftQueue(group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT)]
+    assert t.table.due(5.0) == ev.DropWaiter(
+        now=5.0, group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT
+    )
+    assert t.run_due(5.0) == [
+        ev.LeftQueue(group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT)
+    ]
     assert t.queue() == ["c"]
 
 
@@ -488,8 +609,14 @@ def test_a_waiter_granted_before_its_deadline_keeps_the_grant(t: Harness) -> Non
 
 def test_an_acquire_whose_deadline_has_passed_on_a_busy_group_is_refused(t: Harness) -> None:
     t.acquire("a", now=0)
-    t.refuse(ev.Acquire(now=5, group="g", job="b", call_id="call-b", wait_deadline=5.0), DeadlineExceededError)
-    t.refuse(ev.Acquire(now=5, group="g", job="b", call_id="call-b", wait_deadline=4.0), DeadlineExceededError)
+    t.refuse(
+        ev.Acquire(now=5, group="g", job="b", call_id="call-b", wait_deadline=5.0),
+        DeadlineExceededError,
+    )
+    t.refuse(
+        ev.Acquire(now=5, group="g", job="b", call_id="call-b", wait_deadline=4.0),
+        DeadlineExceededError,
+    )
 
 
 def test_an_acquire_whose_deadline_has_passed_on_a_free_group_is_granted(t: Harness) -> None:
@@ -521,7 +648,9 @@ def test_recover_detaches_waiters_and_drops_those_that_do_not_come_back(t: Harne
     t.handle(ev.Recover(now=10.0, grace=5.0))
     assert [w.call_id for w in t.table.groups["g"].queue.values()] == ["", ""]
     assert t.table.due(14.9) is None
-    assert t.table.due(15.0) == ev.DropWaiter(now=15.0, group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED)
+    assert t.table.due(15.0) == ev.DropWaiter(
+        now=15.0, group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED
+    )
     assert t.run_due(15.0) == [
         ev.LeftQueue(group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED),
         ev.LeftQueue(group="g", job="c", call_id="", reason=ev.Reason.NOT_RECLAIMED),
@@ -534,8 +663,12 @@ def test_a_waiter_coming_back_after_recover_keeps_its_place(t: Harness) -> None:
     t.acquire("b", now=1)
     t.acquire("c", now=2)
     t.handle(ev.Recover(now=10.0, grace=5.0))
-    assert t.acquire("c", now=11, call_id="1.c") == [ev.Queued(group="g", job="c", call_id="1.c", position=1)]
-    assert t.run_due(15.0) == [ev.LeftQueue(group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED)]
+    assert t.acquire("c", now=11, call_id="1.c") == [
+        ev.Queued(group="g", job="c", call_id="1.c", position=1)
+    ]
+    assert t.run_due(15.0) == [
+        ev.LeftQueue(group="g", job="b", call_id="", reason=ev.Reason.NOT_RECLAIMED)
+    ]
     assert t.queue() == ["c"]
     [_, g] = t.yield_("a", now=16)
     assert (g.job, g.call_id, g.waited) == ("c", "1.c", 14.0)
@@ -550,10 +683,20 @@ def test_a_grant_to_a_detached_waiter_is_revoked_unless_claimed(t: Harness) -> N
     [_, g] = t.yield_("a", now=12)
     assert (g.job, g.call_id) == ("b", "")
     assert t.table.next_deadline() == 15.0
-    assert t.table.due(15.0) == ev.Revoke(now=15.0, group="g", token=2, reason=ev.Reason.NOT_DELIVERED)
+    assert t.table.due(15.0) == ev.Revoke(
+        now=15.0, group="g", token=2, reason=ev.Reason.NOT_DELIVERED
+    )
     assert t.run_due(15.0) == [
         ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED),
-        ev.Granted(group="g", job="c", call_id="1.c", token=3, lease=no_lease(3), waited=13.0, context_restored=False),
+        ev.Granted(
+            group="g",
+            job="c",
+            call_id="1.c",
+            token=3,
+            lease=no_lease(3),
+            waited=13.0,
+            context_restored=False,
+        ),
     ]
 
 
@@ -564,7 +707,15 @@ def test_a_grant_to_a_detached_waiter_is_claimed_by_its_acquire(t: Harness) -> N
     t.yield_("a", now=12)
     # Delivered as it was made: b waited from 1 (queued) to 12 (granted).
     assert t.acquire("b", now=13, call_id="1.b") == [
-        ev.Granted(group="g", job="b", call_id="1.b", token=2, lease=no_lease(2), waited=11.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="1.b",
+            token=2,
+            lease=no_lease(2),
+            waited=11.0,
+            context_restored=False,
+        )
     ]
     assert t.table.next_deadline() is None
     assert t.run_due(1e6) == []
@@ -589,7 +740,9 @@ def test_a_claim_by_keep_alive_keeps_the_hold_limit(t: Harness) -> None:
     t.yield_("a", now=12)
     t.handle(ev.KeepAlive(now=13.0, group="g", job="b", lease_id="lease-2"))
     assert t.table.next_deadline() == 112.0
-    assert t.run_due(112.0) == [ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.HOLD_LIMIT)]
+    assert t.run_due(112.0) == [
+        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.HOLD_LIMIT)
+    ]
 
 
 def test_an_unclaimed_holder_grant_gets_a_new_claim_deadline_on_recover(t: Harness) -> None:
@@ -614,7 +767,9 @@ def test_a_retried_acquire_while_holding_returns_the_same_token(t: Harness) -> N
 def test_a_retried_acquire_after_its_grant_ended_is_refused(t: Harness) -> None:
     t.acquire("a", now=0, request_id="r1")
     t.yield_("a", now=1)
-    err = t.refuse(ev.Acquire(now=2, group="g", job="a", call_id="a-2", request_id="r1"), LeaseLostError)
+    err = t.refuse(
+        ev.Acquire(now=2, group="g", job="a", call_id="a-2", request_id="r1"), LeaseLostError
+    )
     assert "r1" in str(err)
     t.acquire("b", now=3)
     t.refuse(ev.Acquire(now=4, group="g", job="a", call_id="a-3", request_id="r1"), LeaseLostError)
@@ -626,7 +781,16 @@ def test_a_retried_acquire_granted_to_a_waiter_returns_its_token(t: Harness) -> 
     t.yield_("a", now=1)
     assert t.acquire("b", now=2, request_id="rb", call_id="b-2") == [
         ev.Superseded(group="g", job="b", call_id="call-b"),
-        ev.Granted(group="g", job="b", call_id="b-2", token=2, lease=no_lease(2), waited=0.0, context_restored=False, must_deliver=False),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="b-2",
+            token=2,
+            lease=no_lease(2),
+            waited=0.0,
+            context_restored=False,
+            must_deliver=False,
+        ),
     ]
 
 
@@ -656,7 +820,9 @@ def test_a_request_id_of_another_job_or_group_is_not_a_retry(t: Harness) -> None
     t.yield_("a", group="g1", now=1, request_id="7")
     # b's first Yield with the same id is applied, not answered as a's was
     assert t.yield_("b", group="g2", now=2, request_id="7") == [
-        ev.Yielded(group="g2", job="b", token=1, pending_waiters=0, snapshot_deferred=True, next_job="")
+        ev.Yielded(
+            group="g2", job="b", token=1, pending_waiters=0, snapshot_deferred=True, next_job=""
+        )
     ]
     assert t.table.groups["g2"].holder is None
     # nor is a's id of a Yield taken for an Acquire's
@@ -672,8 +838,15 @@ def test_the_answers_kept_for_retries_are_one_per_job_and_kind_and_expire(t: Har
     assert len(json.dumps(t.table.to_dict()["answers"])) < 1000
     # a retry of the latest is still answered as the first try was
     assert t.yield_("a", now=999.6, request_id="yield-999") == [
-        ev.Yielded(group="g", job="a", token=1000, pending_waiters=0, snapshot_deferred=True,
-                   next_job="", again=True)
+        ev.Yielded(
+            group="g",
+            job="a",
+            token=1000,
+            pending_waiters=0,
+            snapshot_deferred=True,
+            next_job="",
+            again=True,
+        )
     ]
     t.acquire("b", now=5000, request_id="b-1")
     assert list(t.table.answers) == [("acquire", "g", "b")]  # a's are two minutes old
@@ -684,7 +857,10 @@ def test_no_new_group_and_no_waiter_over_the_tables_limits(t: Harness) -> None:
     t.acquire("a", group="g1")
     t.acquire("a", group="g2", call_id="call-a2")
     t.refuse(ev.Acquire(now=0, group="g3", job="a", call_id="call-3"), ResourceExhaustedError)
-    t.refuse(ev.Acquire(now=0, group="g1", job="x", call_id="call-x", more_groups=("g3",)), ResourceExhaustedError)
+    t.refuse(
+        ev.Acquire(now=0, group="g1", job="x", call_id="call-x", more_groups=("g3",)),
+        ResourceExhaustedError,
+    )
     t.acquire("b", group="g1")
     t.acquire("c", group="g1")
     err = t.refuse(ev.Acquire(now=0, group="g1", job="d", call_id="call-d"), ResourceExhaustedError)
@@ -705,7 +881,11 @@ def test_yield_with_a_stale_token_is_refused(t: Harness) -> None:
     t.acquire("a", now=2, call_id="a-2")  # token 2
     t.refuse(ev.Yield(now=3, group="g", job="a", token=1), LeaseLostError)
     t.refuse(ev.Yield(now=3, group="g", job="b", token=2), LeaseLostError)
-    assert t.yield_("a", now=3, token=2) == [ev.Yielded(group="g", job="a", token=2, pending_waiters=0, snapshot_deferred=True, next_job="")]
+    assert t.yield_("a", now=3, token=2) == [
+        ev.Yielded(
+            group="g", job="a", token=2, pending_waiters=0, snapshot_deferred=True, next_job=""
+        )
+    ]
     t.refuse(ev.Yield(now=4, group="g", job="a", token=2), LeaseLostError)
 
 
@@ -769,7 +949,9 @@ def test_ids_up_to_the_limit_are_accepted(t: Harness) -> None:
 
 @pytest.mark.parametrize("ttl", [0.0, -1.0, 3600.001, math.inf, math.nan])
 def test_a_lease_ttl_out_of_range_is_refused(t: Harness, ttl: float) -> None:
-    t.refuse(ev.Acquire(now=0, group="g", job="a", call_id="c", lease_ttl=ttl), InvalidArgumentError)
+    t.refuse(
+        ev.Acquire(now=0, group="g", job="a", call_id="c", lease_ttl=ttl), InvalidArgumentError
+    )
     assert t.table.groups == {}  # no group is created by a refused acquire
 
 
@@ -781,7 +963,17 @@ def test_a_lease_ttl_in_range_is_accepted(t: Harness, ttl: float) -> None:
 
 def test_handle_refuses_what_is_not_an_event(t: Harness) -> None:
     with pytest.raises(TypeError):
-        t.table.handle(ev.Granted(group="g", job="a", call_id="c", token=1, lease=no_lease(1), waited=0.0, context_restored=False))  # type: ignore[arg-type]
+        t.table.handle(
+            ev.Granted(
+                group="g",
+                job="a",
+                call_id="c",
+                token=1,
+                lease=no_lease(1),
+                waited=0.0,
+                context_restored=False,
+            )
+        )  # type: ignore[arg-type]
 
 
 # --- snapshots and replay ------------------------------------------------------------
@@ -836,7 +1028,9 @@ def test_a_restored_table_behaves_as_the_original() -> None:
     copy = Harness(LockTable.from_dict(json.loads(json.dumps(t.table.to_dict()))))
     following: list[ev.Event] = [
         ev.Acquire(now=13, group="g", job="b", call_id="1.2", lease_ttl=5.0),
-        ev.Yield(now=14, group="g", job="a", request_id="ya2", token=1),  # a retry: the first answer
+        ev.Yield(
+            now=14, group="g", job="a", request_id="ya2", token=1
+        ),  # a retry: the first answer
         ev.Acquire(now=15, group="g", job="a", call_id="1.3", request_id="ra"),  # its grant ended
         ev.Acquire(now=16, group="h", job="a", call_id="1.4"),
         ev.KeepAlive(now=17, group="g", job="b", lease_id="lease-2"),
@@ -957,7 +1151,9 @@ def test_priority_ages_so_that_no_waiter_starves(t: Harness) -> None:
 
 def test_policies_are_validated_and_survive_a_round_trip(t: Harness) -> None:
     t.refuse(ev.SetPolicy(now=0, group="g", policy="random"), InvalidArgumentError)
-    t.refuse(ev.SetPolicy(now=0, group="g", policy=ev.Policy.PRIORITY, aging=0.0), InvalidArgumentError)
+    t.refuse(
+        ev.SetPolicy(now=0, group="g", policy=ev.Policy.PRIORITY, aging=0.0), InvalidArgumentError
+    )
     t.handle(ev.SetPolicy(now=0, group="", policy=ev.Policy.LRS))
     t.handle(ev.SetPolicy(now=0, group="g", policy=ev.Policy.PRIORITY, aging=5.0))
     t.acquire("a", now=1)
@@ -980,13 +1176,19 @@ def test_a_holder_at_its_hold_limit_is_asked_to_yield_then_revoked_after_the_gra
     t.acquire("b", now=1.0)
     assert t.table.next_deadline() == 10.0
     assert t.table.due(10.0) == ev.RequestYield(now=10.0, group="g", token=granted.token)
-    assert t.run_due(10.0) == [ev.YieldRequested(group="g", job="a", token=granted.token, revoke_at=15.0)]
+    assert t.run_due(10.0) == [
+        ev.YieldRequested(group="g", job="a", token=granted.token, revoke_at=15.0)
+    ]
     assert t.holder() == "a" and t.table.next_deadline() == 15.0
-    [renewed] = t.handle(ev.KeepAlive(now=12.0, group="g", job="a", lease_id=granted.lease.lease_id))
+    [renewed] = t.handle(
+        ev.KeepAlive(now=12.0, group="g", job="a", lease_id=granted.lease.lease_id)
+    )
     assert isinstance(renewed, ev.LeaseRenewed) and renewed.yield_requested
     t.ignore(ev.RequestYield(now=13.0, group="g", token=granted.token))  # asked once only
     effects = t.run_due(15.0)
-    assert effects[0] == ev.Revoked(group="g", job="a", token=granted.token, reason=ev.Reason.HOLD_LIMIT)
+    assert effects[0] == ev.Revoked(
+        group="g", job="a", token=granted.token, reason=ev.Reason.HOLD_LIMIT
+    )
     assert t.holder() == "b"
 
 
@@ -1001,7 +1203,9 @@ def test_a_holder_that_yields_when_asked_is_not_revoked(t: Harness) -> None:
 def test_without_a_grace_the_hold_limit_revokes_at_once(t: Harness) -> None:
     t.handle(ev.SetHoldLimit(now=0, group="g", max_hold=10.0))
     [granted] = t.acquire("a", now=0.0)
-    assert t.table.due(10.0) == ev.Revoke(now=10.0, group="g", token=granted.token, reason=ev.Reason.HOLD_LIMIT)
+    assert t.table.due(10.0) == ev.Revoke(
+        now=10.0, group="g", token=granted.token, reason=ev.Reason.HOLD_LIMIT
+    )
 
 
 def test_a_negative_grace_is_refused(t: Harness) -> None:

@@ -243,7 +243,16 @@ class LockTableMachine(RuleBasedStateMachine):
         for group in with_nodes:
             self.set_group_nodes(group, ("n1", "n2"))
         for group in GROUPS[:2]:
-            event = ev.Acquire(now=self.now, group=group, job="a", call_id=self.fresh("call"), request_id="", lease_ttl=lease_ttl, principal="p-a", lease_secret=self.fresh("s"))
+            event = ev.Acquire(
+                now=self.now,
+                group=group,
+                job="a",
+                call_id=self.fresh("call"),
+                request_id="",
+                lease_ttl=lease_ttl,
+                principal="p-a",
+                lease_secret=self.fresh("s"),
+            )
             assert isinstance(self.acquire_event(event), list)
 
     @rule(
@@ -265,7 +274,17 @@ class LockTableMachine(RuleBasedStateMachine):
     ) -> None:
         rid = self.request_id("acq", reuse) if with_request else ""
         deadline = None if wait is None else self.now + wait
-        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=rid, lease_ttl=lease_ttl, wait_deadline=deadline, principal=f"p-{job}", lease_secret=self.fresh("s"))
+        event = ev.Acquire(
+            now=self.now,
+            group=group,
+            job=job,
+            call_id=self.fresh("call"),
+            request_id=rid,
+            lease_ttl=lease_ttl,
+            wait_deadline=deadline,
+            principal=f"p-{job}",
+            lease_secret=self.fresh("s"),
+        )
         holding = self.holder[group] == job
         there = holding or job in self.queue[group]
         busy = self.holder[group] is not None
@@ -297,7 +316,15 @@ class LockTableMachine(RuleBasedStateMachine):
         if h is None or h == job or job in self.queue[group]:
             return
         before = self.table.to_dict()
-        event = ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id="", lease_ttl=None, wait_deadline=self.now)
+        event = ev.Acquire(
+            now=self.now,
+            group=group,
+            job=job,
+            call_id=self.fresh("call"),
+            request_id="",
+            lease_ttl=None,
+            wait_deadline=self.now,
+        )
         refusal = ConflictError if job in self.quarantined[group] else DeadlineExceededError
         try:
             self.table.handle(event)
@@ -340,7 +367,9 @@ class LockTableMachine(RuleBasedStateMachine):
         before = self.table.to_dict()
         known = group in self.table.groups
         try:
-            effects = self.table.handle(ev.Yield(now=self.now, group=group, job=job, request_id=rid, token=fencing))
+            effects = self.table.handle(
+                ev.Yield(now=self.now, group=group, job=job, request_id=rid, token=fencing)
+            )
         except NotFoundError:
             assert not known
             assert self.table.to_dict() == before
@@ -420,9 +449,20 @@ class LockTableMachine(RuleBasedStateMachine):
         token = self.newest[group]
         lease_id = f"lease-{token}-{self.secret[group, job]}"
         event: ev.Event = {
-            "yield": ev.Yield(now=self.now, group=group, job=job, token=token, principal="intruder"),
-            "keep_alive": ev.KeepAlive(now=self.now, group=group, job=job, lease_id=lease_id, principal="intruder"),
-            "acquire": ev.Acquire(now=self.now, group=group, job=job, call_id=self.fresh("call"), request_id=self.fresh("acq"), principal="intruder"),
+            "yield": ev.Yield(
+                now=self.now, group=group, job=job, token=token, principal="intruder"
+            ),
+            "keep_alive": ev.KeepAlive(
+                now=self.now, group=group, job=job, lease_id=lease_id, principal="intruder"
+            ),
+            "acquire": ev.Acquire(
+                now=self.now,
+                group=group,
+                job=job,
+                call_id=self.fresh("call"),
+                request_id=self.fresh("acq"),
+                principal="intruder",
+            ),
         }[kind]
         outcome = self.apply(event)
         if kind == "acquire" and job in self.quarantined[group]:
@@ -434,9 +474,15 @@ class LockTableMachine(RuleBasedStateMachine):
     def drop_waiter(self, group: str, job: str, stale: bool) -> None:
         call = "stale-call" if stale else self.call.get((group, job), "")
         queued = job in self.queue[group]
-        effects = self.apply(ev.DropWaiter(now=self.now, group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED))
+        effects = self.apply(
+            ev.DropWaiter(
+                now=self.now, group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED
+            )
+        )
         if queued and not stale:
-            assert effects == [ev.LeftQueue(group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED)]
+            assert effects == [
+                ev.LeftQueue(group=group, job=job, call_id=call, reason=ev.Reason.CANCELLED)
+            ]
         else:
             assert effects == []
 
@@ -448,12 +494,20 @@ class LockTableMachine(RuleBasedStateMachine):
         token = self.newest[group] + offset
         call = "stale-call" if stale_call else (h.call_id if h else "")
         before = self.table.to_dict()
-        effects = self.apply(ev.Revoke(now=self.now, group=group, token=token, reason=ev.Reason.NOT_DELIVERED, call_id=call))
+        effects = self.apply(
+            ev.Revoke(
+                now=self.now, group=group, token=token, reason=ev.Reason.NOT_DELIVERED, call_id=call
+            )
+        )
         if h is not None and offset == 0 and not stale_call:
             assert isinstance(effects, list), effects
             waiting_call = h.call_id if h.switching else ""
             assert effects[0] == ev.Revoked(
-                group=group, job=h.job, token=token, reason=ev.Reason.NOT_DELIVERED, call_id=waiting_call
+                group=group,
+                job=h.job,
+                token=token,
+                reason=ev.Reason.NOT_DELIVERED,
+                call_id=waiting_call,
             )
         else:
             assert effects == []
@@ -568,21 +622,58 @@ class LockTableMachine(RuleBasedStateMachine):
             quarantined[job] = reason
             expected.append(ev.Quarantined(group=group, job=job, reason=reason))
             if job in self.queue[group]:
-                expected.append(ev.LeftQueue(group=group, job=job, call_id=self.call[group, job],
-                                             reason=ev.Reason.QUARANTINED, detail=reason))
+                expected.append(
+                    ev.LeftQueue(
+                        group=group,
+                        job=job,
+                        call_id=self.call[group, job],
+                        reason=ev.Reason.QUARANTINED,
+                        detail=reason,
+                    )
+                )
         call = self.call[group, target]
         if error or target in quarantined:
             why = error or quarantined[target]
-            expected.append(ev.Revoked(group=group, job=target, token=token,
-                                       reason=ev.Reason.SWITCH_FAILED, detail=why, call_id=call))
+            expected.append(
+                ev.Revoked(
+                    group=group,
+                    job=target,
+                    token=token,
+                    reason=ev.Reason.SWITCH_FAILED,
+                    detail=why,
+                    call_id=call,
+                )
+            )
         else:
             expires = self.now + h.lease_ttl if h.lease_ttl else None
-            lease = ev.LeaseInfo(lease_id=f"lease-{token}-{self.secret[group, target]}", ttl=h.lease_ttl or 0.0, expires_at=expires)
+            lease = ev.LeaseInfo(
+                lease_id=f"lease-{token}-{self.secret[group, target]}",
+                ttl=h.lease_ttl or 0.0,
+                expires_at=expires,
+            )
             waited = self.now - self.since[group, target]
             expected.append(
-                ev.Granted(group=group, job=target, call_id=call, token=token, lease=lease, waited=waited, context_restored=restored, must_deliver=True, switch_bytes=moved)
+                ev.Granted(
+                    group=group,
+                    job=target,
+                    call_id=call,
+                    token=token,
+                    lease=lease,
+                    waited=waited,
+                    context_restored=restored,
+                    must_deliver=True,
+                    switch_bytes=moved,
+                )
             )
-        event = ev.SwitchDone(now=self.now, group=group, token=token, restored=restored, faults=tuple(faults), error=error, moved_bytes=moved)
+        event = ev.SwitchDone(
+            now=self.now,
+            group=group,
+            token=token,
+            restored=restored,
+            faults=tuple(faults),
+            error=error,
+            moved_bytes=moved,
+        )
         effects = self.apply(event)
         assert isinstance(effects, list), effects
         assert effects[: len(expected)] == expected, (effects, expected)
@@ -602,7 +693,14 @@ class LockTableMachine(RuleBasedStateMachine):
         if self.switching[group] and offset == 0:
             return
         before = self.table.to_dict()
-        event = ev.SwitchDone(now=self.now, group=group, token=token, restored=restored, faults=tuple(faults), error="late")
+        event = ev.SwitchDone(
+            now=self.now,
+            group=group,
+            token=token,
+            restored=restored,
+            faults=tuple(faults),
+            error="late",
+        )
         assert self.apply(event) == []
         assert self.table.to_dict() == before
 
@@ -613,7 +711,9 @@ class LockTableMachine(RuleBasedStateMachine):
         if group not in self.table.groups:
             assert isinstance(outcome, NotFoundError), outcome
         else:
-            assert outcome == ([ev.JobReset(group=group, job=job)] if was_quarantined else []), outcome
+            assert outcome == ([ev.JobReset(group=group, job=job)] if was_quarantined else []), (
+                outcome
+            )
         assert job not in self.quarantined[group]
 
     @precondition(lambda self: self.table.groups)

@@ -72,7 +72,9 @@ def switching_to_b(t: Harness) -> None:
     assert t.acquire("b", now=1) == [ev.Queued(group="g", job="b", call_id="call-b", position=0)]
     assert t.acquire("c", now=2) == [ev.Queued(group="g", job="c", call_id="call-c", position=1)]
     assert t.yield_("a", now=3) == [
-        ev.Yielded(group="g", job="a", token=1, pending_waiters=2, snapshot_deferred=False, next_job="b"),
+        ev.Yielded(
+            group="g", job="a", token=1, pending_waiters=2, snapshot_deferred=False, next_job="b"
+        ),
         ev.SwitchStarted(group="g", job="b", token=2, previous="a"),
     ]
     assert t.state() is GroupState.SWITCHING
@@ -84,7 +86,9 @@ def switching_to_b(t: Harness) -> None:
 def test_a_grant_on_a_group_with_nodes_switches_first_and_is_granted_at_switch_done(
     t: Harness,
 ) -> None:
-    assert t.acquire("a", now=0.0, lease_ttl=10.0) == [ev.SwitchStarted(group="g", job="a", token=1, previous="")]
+    assert t.acquire("a", now=0.0, lease_ttl=10.0) == [
+        ev.SwitchStarted(group="g", job="a", token=1, previous="")
+    ]
     g = group(t)
     assert t.state() is GroupState.SWITCHING
     assert g.holder is not None and (g.holder.job, g.holder.switching) == ("a", True)
@@ -92,7 +96,15 @@ def test_a_grant_on_a_group_with_nodes_switches_first_and_is_granted_at_switch_d
     assert contexts(t) == ("a", "")
 
     assert done(t, 1, now=2.0) == [
-        ev.Granted(group="g", job="a", call_id="call-a", token=1, lease=lease(1, 10.0, 12.0), waited=2.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="call-a",
+            token=1,
+            lease=lease(1, 10.0, 12.0),
+            waited=2.0,
+            context_restored=False,
+        )
     ]
     assert t.state() is GroupState.LOCKED
     assert (g.holder.switching, g.holder.granted_at, g.state_since) == (False, 2.0, 2.0)
@@ -107,7 +119,16 @@ def test_a_switch_from_another_context_says_which_was_live_and_what_was_restored
     assert contexts(t) == ("b", "a")
     effects = done(t, 2, now=7.0, restored=True, moved_bytes=3 << 30)
     assert effects == [
-        ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=6.0, context_restored=True, switch_bytes=3 << 30)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=6.0,
+            context_restored=True,
+            switch_bytes=3 << 30,
+        )
     ]
     assert contexts(t) == ("b", "b")
     assert (t.holder(), t.queue()) == ("b", ["c"])
@@ -141,7 +162,9 @@ def test_the_lease_starts_at_switch_done(t: Harness) -> None:
     assert isinstance(grant, ev.Granted) and grant.lease == lease(1, 5.0, 105.0)
     assert t.table.next_deadline() == 105.0
     assert t.table.due(104.9) is None
-    assert t.run_due(105.0) == [ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED)]
+    assert t.run_due(105.0) == [
+        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.LEASE_EXPIRED)
+    ]
     assert t.state() is GroupState.IDLE_YIELDED
     assert contexts(t) == ("a", "a")
 
@@ -152,7 +175,9 @@ def test_the_hold_limit_counts_from_switch_done(t: Harness) -> None:
     t.acquire("b", now=1.0)
     assert t.table.next_deadline() is None
     assert t.table.due(1000.0) is None
-    t.handle(ev.SetHoldLimit(now=50.0, group="g", max_hold=20.0, grace=5.0))  # re-arming finds nothing either
+    t.handle(
+        ev.SetHoldLimit(now=50.0, group="g", max_hold=20.0, grace=5.0)
+    )  # re-arming finds nothing either
     assert t.table.next_deadline() is None
     done(t, 1, now=100.0)
     assert t.table.next_deadline() == 120.0
@@ -168,7 +193,9 @@ def test_a_waiters_wait_deadline_still_runs_during_a_switch(t: Harness) -> None:
     t.acquire("a", now=0.0)
     t.acquire("b", now=1.0, wait_deadline=5.0)
     assert t.table.next_deadline() == 5.0
-    assert t.run_due(5.0) == [ev.LeftQueue(group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT)]
+    assert t.run_due(5.0) == [
+        ev.LeftQueue(group="g", job="b", call_id="call-b", reason=ev.Reason.WAIT_TIMEOUT)
+    ]
     assert t.state() is GroupState.SWITCHING
 
 
@@ -178,8 +205,17 @@ def test_a_failed_switch_fails_the_waiting_call_and_switches_the_next_waiter_in(
     switching_to_b(t)
     effects = done(t, 2, now=5.0, restored=True, error="agent n2: unreachable")
     assert effects == [
-        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.SWITCH_FAILED, detail="agent n2: unreachable", call_id="call-b"),
-        ev.SwitchStarted(group="g", job="c", token=3, previous=""),  # where the contexts are is not known
+        ev.Revoked(
+            group="g",
+            job="b",
+            token=2,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="agent n2: unreachable",
+            call_id="call-b",
+        ),
+        ev.SwitchStarted(
+            group="g", job="c", token=3, previous=""
+        ),  # where the contexts are is not known
     ]
     g = group(t)
     assert g.holder is not None and (g.holder.job, g.holder.token, g.holder.switching) == (
@@ -189,9 +225,19 @@ def test_a_failed_switch_fails_the_waiting_call_and_switches_the_next_waiter_in(
     )
     assert contexts(t) == ("c", "")
     assert g.quarantined == {}
-    t.ignore(ev.SwitchDone(now=6.0, group="g", token=2, restored=True))  # the failed switch's token is stale
+    t.ignore(
+        ev.SwitchDone(now=6.0, group="g", token=2, restored=True)
+    )  # the failed switch's token is stale
     assert done(t, 3, now=7.0, restored=True) == [
-        ev.Granted(group="g", job="c", call_id="call-c", token=3, lease=no_lease(3), waited=5.0, context_restored=True)
+        ev.Granted(
+            group="g",
+            job="c",
+            call_id="call-c",
+            token=3,
+            lease=no_lease(3),
+            waited=5.0,
+            context_restored=True,
+        )
     ]
     assert contexts(t) == ("c", "c")
 
@@ -199,13 +245,22 @@ def test_a_failed_switch_fails_the_waiting_call_and_switches_the_next_waiter_in(
 def test_a_failed_switch_with_nobody_waiting_leaves_no_context_loaded(t: Harness) -> None:
     t.acquire("a", now=0.0)
     assert done(t, 1, now=1.0, error="timeout") == [
-        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.SWITCH_FAILED, detail="timeout", call_id="call-a")
+        ev.Revoked(
+            group="g",
+            job="a",
+            token=1,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="timeout",
+            call_id="call-a",
+        )
     ]
     g = group(t)
     assert (g.holder, g.loaded_job, g.active_job, g.queue) == (None, "", "", {})
     assert g.state is GroupState.IDLE  # no context is known live: not IDLE_YIELDED
     # the same job again: its context is not known to be live, so it switches again
-    assert t.acquire("a", now=2.0, call_id="a-2") == [ev.SwitchStarted(group="g", job="a", token=2, previous="")]
+    assert t.acquire("a", now=2.0, call_id="a-2") == [
+        ev.SwitchStarted(group="g", job="a", token=2, previous="")
+    ]
 
 
 def test_a_faulted_target_is_quarantined_and_its_grant_revoked(t: Harness) -> None:
@@ -215,8 +270,17 @@ def test_a_faulted_target_is_quarantined_and_its_grant_revoked(t: Harness) -> No
     assert done(t, 2, now=5.0, restored=True, faults=faults) == [
         ev.Quarantined(group="g", job="b", reason="xid 79"),
         ev.Quarantined(group="g", job="c", reason="ecc error"),
-        ev.LeftQueue(group="g", job="c", call_id="call-c", reason=ev.Reason.QUARANTINED, detail="ecc error"),
-        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.SWITCH_FAILED, detail="xid 79", call_id="call-b"),
+        ev.LeftQueue(
+            group="g", job="c", call_id="call-c", reason=ev.Reason.QUARANTINED, detail="ecc error"
+        ),
+        ev.Revoked(
+            group="g",
+            job="b",
+            token=2,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="xid 79",
+            call_id="call-b",
+        ),
         ev.SwitchStarted(group="g", job="d", token=3, previous=""),
     ]
     g = group(t)
@@ -228,7 +292,14 @@ def test_an_error_is_the_reason_even_when_the_target_faulted_too(t: Harness) -> 
     t.acquire("a", now=0.0)
     assert done(t, 1, now=1.0, faults=(("a", "xid 43"),), error="restore failed") == [
         ev.Quarantined(group="g", job="a", reason="xid 43"),
-        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.SWITCH_FAILED, detail="restore failed", call_id="call-a"),
+        ev.Revoked(
+            group="g",
+            job="a",
+            token=1,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="restore failed",
+            call_id="call-a",
+        ),
     ]
 
 
@@ -237,10 +308,20 @@ def test_another_faulted_job_is_quarantined_and_the_grant_goes_ahead(t: Harness)
     faults = (("c", "ecc error"), ("a", "save failed"), ("c", "again"), ("zz", "stray"))
     assert done(t, 2, now=5.0, restored=True, faults=faults) == [
         ev.Quarantined(group="g", job="c", reason="ecc error"),
-        ev.LeftQueue(group="g", job="c", call_id="call-c", reason=ev.Reason.QUARANTINED, detail="ecc error"),
+        ev.LeftQueue(
+            group="g", job="c", call_id="call-c", reason=ev.Reason.QUARANTINED, detail="ecc error"
+        ),
         ev.Quarantined(group="g", job="a", reason="save failed"),
         ev.Quarantined(group="g", job="zz", reason="stray"),
-        ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=4.0, context_restored=True),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=4.0,
+            context_restored=True,
+        ),
     ]
     g = group(t)
     assert g.quarantined == {"c": "ecc error", "a": "save failed", "zz": "stray"}
@@ -250,7 +331,15 @@ def test_another_faulted_job_is_quarantined_and_the_grant_goes_ahead(t: Harness)
     [_, started] = t.yield_("b", now=7.0)
     assert started == ev.SwitchStarted(group="g", job="d", token=3, previous="b")
     assert done(t, 3, now=8.0, faults=(("c", "later"),)) == [
-        ev.Granted(group="g", job="d", call_id="call-d", token=3, lease=no_lease(3), waited=2.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="d",
+            call_id="call-d",
+            token=3,
+            lease=no_lease(3),
+            waited=2.0,
+            context_restored=False,
+        )
     ]
     assert g.quarantined["c"] == "ecc error"
 
@@ -277,7 +366,9 @@ def test_a_quarantined_job_may_not_acquire_until_it_is_reset(t: Harness) -> None
     assert group(t).quarantined == {}
     t.ignore(ev.ResetJob(now=8.0, group="g", job="c"))  # not quarantined: nothing to do
     t.ignore(ev.ResetJob(now=8.0, group="g", job="never-seen"))
-    assert t.acquire("c", now=9.0, call_id="c-3") == [ev.Queued(group="g", job="c", call_id="c-3", position=0)]
+    assert t.acquire("c", now=9.0, call_id="c-3") == [
+        ev.Queued(group="g", job="c", call_id="c-3", position=0)
+    ]
 
 
 def test_a_quarantine_holds_on_its_own_group_only(t: Harness) -> None:
@@ -309,7 +400,9 @@ def test_reset_job_refusals(t: Harness, event: ev.ResetJob, error: type[TimeSlic
     [
         ev.SwitchDone(now=5, group="g", token=1, restored=True),  # a token long gone
         ev.SwitchDone(now=5, group="g", token=3, restored=True),  # a token not issued yet
-        ev.SwitchDone(now=5, group="g", token=1, restored=True, faults=(("c", "xid 79"),)),  # stale: no quarantine
+        ev.SwitchDone(
+            now=5, group="g", token=1, restored=True, faults=(("c", "xid 79"),)
+        ),  # stale: no quarantine
         ev.SwitchDone(now=5, group="g", token=1, restored=False, error="boom"),
         ev.SwitchDone(now=5, group="nope", token=2, restored=True),
         ev.Revoke(now=5, group="g", token=2, reason=ev.Reason.NOT_DELIVERED, call_id="old-call"),
@@ -324,7 +417,11 @@ def test_a_stale_switch_done_is_a_no_op(t: Harness, event: ev.Event) -> None:
 def test_switch_done_for_a_grant_already_switched_is_a_no_op(t: Harness) -> None:
     holding(t, "a")
     t.ignore(ev.SwitchDone(now=1, group="g", token=1, restored=True))
-    t.ignore(ev.SwitchDone(now=1, group="g", token=1, restored=False, faults=(("a", "xid"),), error="late"))
+    t.ignore(
+        ev.SwitchDone(
+            now=1, group="g", token=1, restored=False, faults=(("a", "xid"),), error="late"
+        )
+    )
     t.yield_("a", now=2)
     t.ignore(ev.SwitchDone(now=3, group="g", token=1, restored=True))  # nobody holds the group
     assert (t.state(), contexts(t)) == (GroupState.IDLE_YIELDED, ("a", "a"))
@@ -347,7 +444,15 @@ def test_a_reentrant_acquire_during_a_switch_takes_the_call_over_but_waits(
     # a retry of that request is still the same grant
     assert t.acquire("b", now=4.6, call_id="b-2", lease_ttl=10.0, request_id="rb") == []
     assert done(t, 2, now=6.0, restored=True) == [
-        ev.Granted(group="g", job="b", call_id="b-2", token=2, lease=lease(2, 10.0, 16.0), waited=5.0, context_restored=True)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="b-2",
+            token=2,
+            lease=lease(2, 10.0, 16.0),
+            waited=5.0,
+            context_restored=True,
+        )
     ]
 
 
@@ -365,8 +470,13 @@ def test_the_switch_target_cannot_yield_or_keep_alive(t: Harness) -> None:
 def test_another_job_queues_behind_a_switch(t: Harness) -> None:
     switching_to_b(t)
     assert t.acquire("d", now=4.0) == [ev.Queued(group="g", job="d", call_id="call-d", position=1)]
-    assert t.acquire("a", now=4.0, call_id="a-2") == [ev.Queued(group="g", job="a", call_id="a-2", position=2)]
-    t.refuse(ev.Acquire(now=4.0, group="g", job="e", call_id="call-e", wait_deadline=4.0), DeadlineExceededError)
+    assert t.acquire("a", now=4.0, call_id="a-2") == [
+        ev.Queued(group="g", job="a", call_id="a-2", position=2)
+    ]
+    t.refuse(
+        ev.Acquire(now=4.0, group="g", job="e", call_id="call-e", wait_deadline=4.0),
+        DeadlineExceededError,
+    )
 
 
 def test_force_release_ends_a_switch_and_the_next_grant_switches_again(t: Harness) -> None:
@@ -374,14 +484,28 @@ def test_force_release_ends_a_switch_and_the_next_grant_switches_again(t: Harnes
     t.yield_("a", now=1)
     assert t.acquire("b", now=2) == [ev.SwitchStarted(group="g", job="b", token=2, previous="a")]
     assert t.handle(ev.ForceRelease(now=3, group="g", job="b", reason="stuck")) == [
-        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.OPERATOR, detail="stuck", call_id="call-b")
+        ev.Revoked(
+            group="g", job="b", token=2, reason=ev.Reason.OPERATOR, detail="stuck", call_id="call-b"
+        )
     ]
     g = group(t)
     assert (g.holder, g.loaded_job) == (None, "")
     # a was loaded before the switch began, but the agents may be half way
-    assert t.acquire("a", now=4, call_id="a-2") == [ev.SwitchStarted(group="g", job="a", token=3, previous="")]
+    assert t.acquire("a", now=4, call_id="a-2") == [
+        ev.SwitchStarted(group="g", job="a", token=3, previous="")
+    ]
     t.ignore(ev.SwitchDone(now=5, group="g", token=2, restored=True))
-    assert done(t, 3, now=5) == [ev.Granted(group="g", job="a", call_id="a-2", token=3, lease=no_lease(3), waited=1.0, context_restored=False)]
+    assert done(t, 3, now=5) == [
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="a-2",
+            token=3,
+            lease=no_lease(3),
+            waited=1.0,
+            context_restored=False,
+        )
+    ]
 
 
 def test_force_release_during_a_switch_grants_the_next_waiter(t: Harness) -> None:
@@ -391,7 +515,9 @@ def test_force_release_during_a_switch_grants_the_next_waiter(t: Harness) -> Non
         ev.SwitchStarted(group="g", job="c", token=3, previous=""),
     ]
     # the same job as the one released: it switches too
-    assert t.acquire("b", now=5, call_id="b-2") == [ev.Queued(group="g", job="b", call_id="b-2", position=0)]
+    assert t.acquire("b", now=5, call_id="b-2") == [
+        ev.Queued(group="g", job="b", call_id="b-2", position=0)
+    ]
     t.handle(ev.ForceRelease(now=6, group="g", job="c"))
     assert (t.holder(), contexts(t)) == ("b", ("b", ""))
     assert t.state() is GroupState.SWITCHING
@@ -403,7 +529,9 @@ def test_a_revoke_ends_a_switch_like_force_release(t: Harness) -> None:
         ev.Revoked(group="g", job="a", token=1, reason="gone", call_id="call-a")
     ]
     assert (group(t).holder, group(t).loaded_job) == (None, "")
-    assert t.acquire("a", now=2, call_id="a-2") == [ev.SwitchStarted(group="g", job="a", token=2, previous="")]
+    assert t.acquire("a", now=2, call_id="a-2") == [
+        ev.SwitchStarted(group="g", job="a", token=2, previous="")
+    ]
 
 
 # --- a restart in the middle of a switch ----------------------------------------------
@@ -421,16 +549,34 @@ def test_recover_mid_switch_detaches_the_target_and_unclaimed_it_is_revoked(
     assert t.table.next_deadline() is None  # no deadline while the switch runs
     assert t.table.due(100.0) is None
     assert done(t, 2, now=20.0, restored=True) == [
-        ev.Granted(group="g", job="b", call_id="", token=2, lease=no_lease(2), waited=19.5, context_restored=True)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="",
+            token=2,
+            lease=no_lease(2),
+            waited=19.5,
+            context_restored=True,
+        )
     ]
     assert h.claim_deadline == 25.0
     assert t.table.next_deadline() == 25.0
     assert t.table.due(24.9) is None
-    assert t.run_due(25.0) == [ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)]
+    assert t.run_due(25.0) == [
+        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)
+    ]
     # the agents switched b in: its context stays live
     assert (t.state(), contexts(t)) == (GroupState.IDLE_YIELDED, ("b", "b"))
     assert t.acquire("b", now=26, call_id="1.b") == [
-        ev.Granted(group="g", job="b", call_id="1.b", token=3, lease=no_lease(3), waited=0.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="1.b",
+            token=3,
+            lease=no_lease(3),
+            waited=0.0,
+            context_restored=False,
+        )
     ]
 
 
@@ -444,13 +590,31 @@ def test_a_switched_grant_claimed_after_a_restart_reports_the_switch_it_made(
     done(t, 2, now=20.0, restored=True, moved_bytes=64)
     # the claim is the first answer b gets: as the grant was made, and it must arrive
     assert t.acquire("b", now=21, call_id="1.b") == [
-        ev.Granted(group="g", job="b", call_id="1.b", token=2, lease=no_lease(2), waited=19.5, context_restored=True, must_deliver=True)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="1.b",
+            token=2,
+            lease=no_lease(2),
+            waited=19.5,
+            context_restored=True,
+            must_deliver=True,
+        )
     ]
     assert t.table.next_deadline() is None
     # asking again: nothing was moved for this call, and losing the answer costs nothing
     assert t.acquire("b", now=22, call_id="1.b2") == [
         ev.Superseded(group="g", job="b", call_id="1.b"),
-        ev.Granted(group="g", job="b", call_id="1.b2", token=2, lease=no_lease(2), waited=0.0, context_restored=False, must_deliver=False),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="1.b2",
+            token=2,
+            lease=no_lease(2),
+            waited=0.0,
+            context_restored=False,
+            must_deliver=False,
+        ),
     ]
 
 
@@ -461,7 +625,15 @@ def test_a_target_coming_back_during_the_switch_claims_its_grant(t: Harness) -> 
     t.handle(ev.Recover(now=10.0, grace=5.0))
     assert t.acquire("b", now=11, call_id="1.b", lease_ttl=30.0) == []  # nothing to supersede
     assert done(t, 2, now=20.0) == [
-        ev.Granted(group="g", job="b", call_id="1.b", token=2, lease=lease(2, 30.0, 50.0), waited=19.5, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="1.b",
+            token=2,
+            lease=lease(2, 30.0, 50.0),
+            waited=19.5,
+            context_restored=False,
+        )
     ]
     assert group(t).holder.claim_deadline is None  # type: ignore[union-attr]
     assert t.table.next_deadline() == 50.0
@@ -485,16 +657,35 @@ def test_a_detached_waiter_granted_into_a_switch_gets_its_claim_grace_after_it(
     t.handle(ev.Recover(now=10.0, grace=5.0))
     assert t.yield_("a", now=12)[1] == ev.SwitchStarted(group="g", job="b", token=2, previous="a")
     assert t.table.next_deadline() is None  # b's reclaim deadline waits for the switch
-    assert done(t, 2, now=40.0) == [ev.Granted(group="g", job="b", call_id="", token=2, lease=no_lease(2), waited=39.0, context_restored=False)]
+    assert done(t, 2, now=40.0) == [
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="",
+            token=2,
+            lease=no_lease(2),
+            waited=39.0,
+            context_restored=False,
+        )
+    ]
     assert t.table.next_deadline() == 45.0
-    assert t.run_due(45.0) == [ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)]
+    assert t.run_due(45.0) == [
+        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)
+    ]
 
 
 def test_a_failed_switch_of_a_detached_target_has_no_call_to_fail(t: Harness) -> None:
     t.acquire("a", now=0)
     t.handle(ev.Recover(now=1.0, grace=5.0))
     assert done(t, 1, now=2.0, error="agent gone") == [
-        ev.Revoked(group="g", job="a", token=1, reason=ev.Reason.SWITCH_FAILED, detail="agent gone", call_id="")
+        ev.Revoked(
+            group="g",
+            job="a",
+            token=1,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="agent gone",
+            call_id="",
+        )
     ]
 
 
@@ -506,7 +697,9 @@ def test_an_undelivered_grant_on_a_group_with_nodes_keeps_its_context_live(
 ) -> None:
     switching_to_b(t)
     done(t, 2, now=4)
-    assert t.handle(ev.Revoke(now=5, group="g", token=2, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")) == [
+    assert t.handle(
+        ev.Revoke(now=5, group="g", token=2, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")
+    ) == [
         ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED),
         ev.SwitchStarted(group="g", job="c", token=3, previous="b"),
     ]
@@ -523,16 +716,26 @@ def test_an_undelivered_grant_with_nobody_waiting_leaves_that_job_loaded(
     t.acquire("b", now=1)
     t.yield_("a", now=2)
     done(t, 2, now=3)
-    assert t.handle(ev.Revoke(now=4, group="g", token=2, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")) == [
-        ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)
-    ]
+    assert t.handle(
+        ev.Revoke(now=4, group="g", token=2, reason=ev.Reason.NOT_DELIVERED, call_id="call-b")
+    ) == [ev.Revoked(group="g", job="b", token=2, reason=ev.Reason.NOT_DELIVERED)]
     assert (t.state(), contexts(t)) == (GroupState.IDLE_YIELDED, ("b", "b"))
     # b's next grant costs nothing; a's switches from b
     assert t.acquire("b", now=5, call_id="b-2") == [
-        ev.Granted(group="g", job="b", call_id="b-2", token=3, lease=no_lease(3), waited=0.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="b-2",
+            token=3,
+            lease=no_lease(3),
+            waited=0.0,
+            context_restored=False,
+        )
     ]
     t.yield_("b", now=6)
-    assert t.acquire("a", now=7, call_id="a-2") == [ev.SwitchStarted(group="g", job="a", token=4, previous="b")]
+    assert t.acquire("a", now=7, call_id="a-2") == [
+        ev.SwitchStarted(group="g", job="a", token=4, previous="b")
+    ]
 
 
 def test_an_undelivered_grant_without_nodes_still_rolls_back() -> None:
@@ -546,10 +749,22 @@ def test_an_undelivered_grant_without_nodes_still_rolls_back() -> None:
 
 def test_the_loaded_job_is_granted_at_once_without_a_switch(t: Harness) -> None:
     holding(t, "a", now=0)
-    assert t.yield_("a", now=1) == [ev.Yielded(group="g", job="a", token=1, pending_waiters=0, snapshot_deferred=True, next_job="")]
+    assert t.yield_("a", now=1) == [
+        ev.Yielded(
+            group="g", job="a", token=1, pending_waiters=0, snapshot_deferred=True, next_job=""
+        )
+    ]
     assert (t.state(), contexts(t)) == (GroupState.IDLE_YIELDED, ("a", "a"))
     assert t.acquire("a", now=2, call_id="a-2", lease_ttl=10.0) == [
-        ev.Granted(group="g", job="a", call_id="a-2", token=2, lease=lease(2, 10.0, 12.0), waited=0.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="a-2",
+            token=2,
+            lease=lease(2, 10.0, 12.0),
+            waited=0.0,
+            context_restored=False,
+        )
     ]
     assert (t.state(), t.table.next_deadline()) == (GroupState.LOCKED, 12.0)
 
@@ -560,7 +775,15 @@ def test_nodes_set_later_trust_the_context_already_loaded() -> None:
     t.yield_("a", now=1)
     t.handle(ev.SetGroupNodes(now=2, group="g", nodes=NODES))
     assert t.acquire("a", now=3, call_id="a-2") == [
-        ev.Granted(group="g", job="a", call_id="a-2", token=2, lease=no_lease(2), waited=0.0, context_restored=False)
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="a-2",
+            token=2,
+            lease=no_lease(2),
+            waited=0.0,
+            context_restored=False,
+        )
     ]
     t.yield_("a", now=4)
     assert t.acquire("b", now=5) == [ev.SwitchStarted(group="g", job="b", token=3, previous="a")]
@@ -571,7 +794,17 @@ def test_a_group_whose_nodes_are_removed_grants_without_switching(t: Harness) ->
     t.yield_("a", now=1)
     assert t.handle(ev.SetGroupNodes(now=2, group="g", nodes=())) == []
     assert "g" not in t.table.nodes
-    assert t.acquire("b", now=3) == [ev.Granted(group="g", job="b", call_id="call-b", token=2, lease=no_lease(2), waited=0.0, context_restored=False)]
+    assert t.acquire("b", now=3) == [
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="call-b",
+            token=2,
+            lease=no_lease(2),
+            waited=0.0,
+            context_restored=False,
+        )
+    ]
 
 
 def test_a_holder_without_a_lease_keeps_a_group_with_nodes_through_silence(
@@ -642,7 +875,9 @@ def test_set_group_nodes_refuses_bad_node_names(t: Harness, bad: str) -> None:
 
 
 def test_set_group_nodes_refuses_a_node_named_twice_and_a_bad_group(t: Harness) -> None:
-    err = t.refuse(ev.SetGroupNodes(now=1, group="g", nodes=("n1", "n2", "n1")), InvalidArgumentError)
+    err = t.refuse(
+        ev.SetGroupNodes(now=1, group="g", nodes=("n1", "n2", "n1")), InvalidArgumentError
+    )
     assert "twice" in str(err)
     t.refuse(ev.SetGroupNodes(now=1, group="", nodes=("n1",)), InvalidArgumentError)
     t.refuse(ev.SetGroupNodes(now=1, group="g\x00", nodes=("n1",)), InvalidArgumentError)
@@ -667,17 +902,28 @@ def test_set_job_backend_sets_and_forgets_per_node(t: Harness) -> None:
     cuda["extra"] = True  # the table keeps its own copy
     assert t.table.job_backends["g"]["a"][""] == {"kind": "cuda", "devices": [0, 1]}
     # replaced per node
-    assert t.handle(ev.SetJobBackend(now=1, group="g", job="a", node="n2", backend={"kind": "app", "port": 9000})) == []
+    assert (
+        t.handle(
+            ev.SetJobBackend(
+                now=1, group="g", job="a", node="n2", backend={"kind": "app", "port": 9000}
+            )
+        )
+        == []
+    )
     assert t.table.job_backends["g"]["a"]["n2"] == {"kind": "app", "port": 9000}
     # forgotten per node; the last one forgotten drops the job, then the group
     assert t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="n2", backend=None)) == []
     assert t.table.job_backends["g"]["a"] == {"": {"kind": "cuda", "devices": [0, 1]}}
-    assert t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="n9", backend=None)) == []  # never set
+    assert (
+        t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="n9", backend=None)) == []
+    )  # never set
     assert t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="", backend=None)) == []
     assert t.table.job_backends == {"g": {"b": {"n1": app}}}
     assert t.handle(ev.SetJobBackend(now=3, group="g", job="b", node="n1", backend=None)) == []
     assert t.table.job_backends == {}
-    assert t.handle(ev.SetJobBackend(now=4, group="h", job="x", node="", backend=None)) == []  # nothing anywhere
+    assert (
+        t.handle(ev.SetJobBackend(now=4, group="h", job="x", node="", backend=None)) == []
+    )  # nothing anywhere
     assert t.table.job_backends == {}
 
 
@@ -695,7 +941,10 @@ def test_set_job_backend_keeps_who_registered_it(t: Harness) -> None:
     t.handle(ev.SetJobBackend(now=2, group="g", job="a", node="n1", backend=None, by="trainer-b"))
     assert t.table.registrant("g", "a", "n1") == ""
     assert t.table.settings.job_registrants == {}
-    t.refuse(ev.SetJobBackend(now=3, group="g", job="a", node="", backend=cuda, by="bad\nname"), InvalidArgumentError)
+    t.refuse(
+        ev.SetJobBackend(now=3, group="g", job="a", node="", backend=cuda, by="bad\nname"),
+        InvalidArgumentError,
+    )
 
 
 @pytest.mark.parametrize(
@@ -723,7 +972,9 @@ def switch_history() -> list[ev.Event]:
         ev.RegisterAgent(now=0, node="n1", address="10.0.0.1:7070"),
         ev.RegisterAgent(now=0, node="n2", address="10.0.0.2:7070"),
         ev.SetJobBackend(now=0, group="g", job="a", node="", backend={"kind": "cuda"}),
-        ev.SetJobBackend(now=0, group="g", job="b", node="n2", backend={"kind": "app", "port": 8000}),
+        ev.SetJobBackend(
+            now=0, group="g", job="b", node="n2", backend={"kind": "app", "port": 8000}
+        ),
         ev.SetHoldLimit(now=0, group="", max_hold=500.0, grace=10.0),
         ev.Acquire(now=0, group="g", job="a", call_id="0.1", request_id="ra", lease_ttl=30.0),
         ev.SwitchDone(now=1, group="g", token=1, restored=False),
@@ -733,7 +984,9 @@ def switch_history() -> list[ev.Event]:
         ev.Yield(now=5, group="g", job="a", request_id="ya", token=1),
         ev.SwitchDone(now=6, group="g", token=1, restored=True, faults=(("c", "xid 79"),)),  # stale
         ev.Acquire(now=7, group="k", job="x", call_id="0.5"),
-        ev.SwitchDone(now=8, group="k", token=1, restored=False, faults=(("y", "ecc"),), moved_bytes=10),
+        ev.SwitchDone(
+            now=8, group="k", token=1, restored=False, faults=(("y", "ecc"),), moved_bytes=10
+        ),
         ev.Acquire(now=9, group="h", job="z", call_id="0.6"),
         ev.Recover(now=10, grace=8.0),
         ev.Acquire(now=11, group="g", job="d", call_id="1.1", wait_deadline=400.0),
@@ -769,14 +1022,18 @@ def test_a_table_restored_mid_switch_equals_and_behaves_as_the_original() -> Non
 
     following: list[ev.Event] = [
         ev.KeepAlive(now=11.5, group="g", job="b", lease_id="lease-2"),  # refused: still switching
-        ev.SwitchDone(now=12, group="g", token=2, restored=True, faults=(("c", "xid 79"),), moved_bytes=4096),
+        ev.SwitchDone(
+            now=12, group="g", token=2, restored=True, faults=(("c", "xid 79"),), moved_bytes=4096
+        ),
         ev.Acquire(now=13, group="g", job="c", call_id="1.2"),  # quarantined
         ev.Acquire(now=14, group="g", job="e", call_id="1.3", lease_ttl=15.0),
         ev.ResetJob(now=15, group="g", job="c"),
         ev.ResetJob(now=15, group="k", job="y"),
         ev.KeepAlive(now=16, group="g", job="b", lease_id="lease-2"),  # claims the grant
         ev.Yield(now=17, group="g", job="b", request_id="yb", token=2),
-        ev.Acquire(now=17.5, group="g", job="d", call_id="1.4", wait_deadline=400.0),  # re-entrant mid-switch
+        ev.Acquire(
+            now=17.5, group="g", job="d", call_id="1.4", wait_deadline=400.0
+        ),  # re-entrant mid-switch
         ev.ForceRelease(now=18, group="g", job="d"),
         ev.SwitchDone(now=19, group="g", token=4, restored=False, error="agent n1 unreachable"),
         ev.Acquire(now=20, group="g", job="a", call_id="1.5", request_id="ra2", lease_ttl=5.0),
@@ -806,20 +1063,37 @@ def test_the_restored_history_goes_where_expected() -> None:
     for event in switch_history():
         t.handle(event)
     t.refuse(ev.KeepAlive(now=11.5, group="g", job="b", lease_id="lease-2"), LeaseLostError)
-    assert t.handle(ev.SwitchDone(now=12, group="g", token=2, restored=True, faults=(("c", "xid 79"),), moved_bytes=4096)) == [
+    assert t.handle(
+        ev.SwitchDone(
+            now=12, group="g", token=2, restored=True, faults=(("c", "xid 79"),), moved_bytes=4096
+        )
+    ) == [
         ev.Quarantined(group="g", job="c", reason="xid 79"),
         ev.LeftQueue(group="g", job="c", call_id="", reason=ev.Reason.QUARANTINED, detail="xid 79"),
-        ev.Granted(group="g", job="b", call_id="", token=2, lease=lease(2, 20.0, 32.0), waited=10.0, context_restored=True, switch_bytes=4096),
+        ev.Granted(
+            group="g",
+            job="b",
+            call_id="",
+            token=2,
+            lease=lease(2, 20.0, 32.0),
+            waited=10.0,
+            context_restored=True,
+            switch_bytes=4096,
+        ),
     ]
     assert t.table.next_deadline() == 20.0  # the claim: 8 s after the switch
     t.refuse(ev.Acquire(now=13, group="g", job="c", call_id="1.2"), ConflictError)
-    assert t.acquire("e", now=14, call_id="1.3", lease_ttl=15.0) == [ev.Queued(group="g", job="e", call_id="1.3", position=1)]
+    assert t.acquire("e", now=14, call_id="1.3", lease_ttl=15.0) == [
+        ev.Queued(group="g", job="e", call_id="1.3", position=1)
+    ]
     assert t.handle(ev.ResetJob(now=15, group="g", job="c")) == [ev.JobReset(group="g", job="c")]
     assert t.handle(ev.ResetJob(now=15, group="k", job="y")) == [ev.JobReset(group="k", job="y")]
     [renewed] = t.handle(ev.KeepAlive(now=16, group="g", job="b", lease_id="lease-2"))
     assert renewed == ev.LeaseRenewed(group="g", job="b", token=2, lease=lease(2, 20.0, 36.0))
     assert t.yield_("b", now=17, request_id="yb", token=2) == [
-        ev.Yielded(group="g", job="b", token=2, pending_waiters=2, snapshot_deferred=False, next_job="d"),
+        ev.Yielded(
+            group="g", job="b", token=2, pending_waiters=2, snapshot_deferred=False, next_job="d"
+        ),
         ev.SwitchStarted(group="g", job="d", token=3, previous="b"),
     ]
     assert t.acquire("d", now=17.5, call_id="1.4", wait_deadline=400.0) == [
@@ -829,13 +1103,32 @@ def test_the_restored_history_goes_where_expected() -> None:
         ev.Revoked(group="g", job="d", token=3, reason=ev.Reason.OPERATOR, call_id="1.4"),
         ev.SwitchStarted(group="g", job="e", token=4, previous=""),
     ]
-    assert t.handle(ev.SwitchDone(now=19, group="g", token=4, restored=False, error="agent n1 unreachable")) == [
-        ev.Revoked(group="g", job="e", token=4, reason=ev.Reason.SWITCH_FAILED, detail="agent n1 unreachable", call_id="1.3")
+    assert t.handle(
+        ev.SwitchDone(now=19, group="g", token=4, restored=False, error="agent n1 unreachable")
+    ) == [
+        ev.Revoked(
+            group="g",
+            job="e",
+            token=4,
+            reason=ev.Reason.SWITCH_FAILED,
+            detail="agent n1 unreachable",
+            call_id="1.3",
+        )
     ]
     assert t.acquire("a", now=20, call_id="1.5", request_id="ra2", lease_ttl=5.0) == [
         ev.SwitchStarted(group="g", job="a", token=5, previous="")
     ]
     assert done(t, 5, now=21, restored=True) == [
-        ev.Granted(group="g", job="a", call_id="1.5", token=5, lease=lease(5, 5.0, 26.0), waited=1.0, context_restored=True)
+        ev.Granted(
+            group="g",
+            job="a",
+            call_id="1.5",
+            token=5,
+            lease=lease(5, 5.0, 26.0),
+            waited=1.0,
+            context_restored=True,
+        )
     ]
-    assert t.run_due(26.0) == [ev.Revoked(group="g", job="a", token=5, reason=ev.Reason.LEASE_EXPIRED)]
+    assert t.run_due(26.0) == [
+        ev.Revoked(group="g", job="a", token=5, reason=ev.Reason.LEASE_EXPIRED)
+    ]

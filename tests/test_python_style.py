@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUFF = Path(sys.executable).parent / "ruff"  # the one installed beside this interpreter
+# The one the test extra pins, installed beside this interpreter (another version may
+# format otherwise).
+RUFF = Path(sys.executable).parent / "ruff"
 
 
 @pytest.mark.parametrize(
@@ -20,6 +22,7 @@ RUFF = Path(sys.executable).parent / "ruff"  # the one installed beside this int
     ids=["lint", "format"],
 )
 def test_ruff_finds_nothing_to_change(command: list[str]) -> None:
+    assert RUFF.exists(), f"no ruff beside {sys.executable}: pip install -e '.[test]' brings it"
     result = subprocess.run(
         [str(RUFF), *command, str(ROOT)], capture_output=True, text=True, cwd=ROOT, timeout=120
     )

@@ -90,7 +90,7 @@ from timeslice.client import (  # noqa: E402
 )
 from timeslice.orchestrator import events as ev  # noqa: E402
 from timeslice.orchestrator.events import Event  # noqa: E402
-from timeslice.orchestrator.journal import open_journal  # noqa: E402
+from timeslice.replay.source import read_journal  # noqa: E402
 
 MiB = 1024**2
 NODES = ("n1", "n2")
@@ -157,16 +157,6 @@ async def collect(address: str, group: str, into: list[WatchEvent]) -> None:
             into.append(event)
 
 
-async def journal_events(url: str) -> list[Event]:
-    """Every event of the journal at `url` (read while its orchestrator runs)."""
-    journal = open_journal(url, read_only=True)
-    await journal.open()
-    try:
-        return [event for _, _, event in await journal.read()]
-    finally:
-        await journal.close()
-
-
 def split_switches(events: Iterable[Event], runs: Iterable[Handoffs], offset: float) -> Split:
     """Cut each sample of `runs` (switches of the handoff group from A to B) at the
     times the orchestrator journaled: A's Yield decided (`Yield.now`), the agents
@@ -190,7 +180,6 @@ def split_switches(events: Iterable[Event], runs: Iterable[Handoffs], offset: fl
     for run in runs:
         for sent, latency in zip(run.sent_at, run.latency, strict=True):
             returned = sent + latency
-            # Both clocks are the system's, read apart: slack for that alone.
             at = bisect.bisect_left(yields, sent - _SLACK)
             if at == len(yields) or (decided := yields[at]) > returned:
                 continue
@@ -409,7 +398,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 switching, agents, args.rounds, args.warmup, settle
             )
             # The switching orchestrator's journal, read as it runs, splits its switches.
-            events = await journal_events(f"sqlite:///{tmp}/switch.db")
+            journal = await read_journal(f"sqlite:///{tmp}/switch.db")
+            events = [event for _, _, event in journal.rows]
             offset = time.time() - now()
             splits = {
                 "stubs": split_switches(events, switches, offset),

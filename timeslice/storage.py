@@ -48,15 +48,20 @@ def normalize_url(url: str) -> str:
 SQLITE_BUSY_TIMEOUT = 30.0
 
 
-def configure_sqlite(engine: sa.Engine, synchronous: str = "FULL") -> None:
+def configure_sqlite(
+    engine: sa.Engine, synchronous: str = "FULL", page_size: int | None = None
+) -> None:
     """WAL with `synchronous` (FULL: a commit survives a power loss), and
     transactions that take the write lock when they begin (`BEGIN IMMEDIATE`),
-    since the driver's own transaction handling would not."""
+    since the driver's own transaction handling would not. `page_size`: the page
+    size of a database file created by this engine (one that exists keeps its own)."""
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        if page_size is not None:  # before WAL: an empty file in WAL mode has its size
+            cursor.execute(f"PRAGMA page_size={int(page_size)}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute(f"PRAGMA busy_timeout={round(SQLITE_BUSY_TIMEOUT * 1000)}")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from timeslice.agent.state import SNAPSHOT, Finish, JobState, JobTable, Register, Start
-from timeslice.agent.store import StateStore
+from timeslice.agent.store import PAGE_SIZE, StateStore
 from timeslice.storage import JournalBusy
 
 
@@ -130,6 +130,56 @@ async def test_a_file_store_survives_close_and_reopen(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         rows = conn.execute("SELECT key, doc FROM agent_state").fetchall()
     assert [(key, json.loads(doc)) for key, doc in rows] == [("job_table", document)]
+
+
+def wal_frames(path: Path, page_size: int) -> int:
+    """The frames in the WAL next to the database at `path` (a 32-byte header, then a
+    24-byte header and a page each)."""
+    size = (path.parent / f"{path.name}-wal").stat().st_size
+    assert (size - 32) % (24 + page_size) == 0, size
+    return (size - 32) // (24 + page_size)
+
+
+async def test_a_save_of_a_few_jobs_writes_one_page(tmp_path: Path) -> None:
+    # Documents of another length each time, as a switch's saves are: on a page too
+    # small for them, each save freed the overflow page of the last one and took a
+    # new one (four pages a save).
+    path = tmp_path / "agent.db"
+    store = StateStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        store.save({"pad": ""})
+        before = wal_frames(path, PAGE_SIZE)
+        for i in range(40):
+            store.save({"pad": "x" * (4400 + 150 * (i % 3))})
+        assert wal_frames(path, PAGE_SIZE) - before == 40
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone() == (PAGE_SIZE,)
+
+
+async def test_a_file_made_with_other_pages_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "agent.db"
+    document = job_table_document()
+    with monkeypatch.context() as patched:  # made by an agent before 8 KiB pages
+        patched.setattr("timeslice.agent.store.PAGE_SIZE", 4096)
+        old = StateStore(f"sqlite:///{path}")
+        await old.open()
+        old.save(document)
+        await old.close()
+    store = StateStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        assert await store.load() == document
+        store.save({**document, "next_op": 9})
+        assert await store.load() == {**document, "next_op": 9}
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone() == (4096,)
 
 
 async def test_a_bare_path_is_an_sqlite_file(tmp_path: Path) -> None:

@@ -1077,3 +1077,40 @@ def test_the_saved_text_is_the_limited_copy_and_encodes_each_operation_once_per_
     text = t.table.encode(finished=2)
     assert encoded == ["op-1"]  # the one that ended, once more
     assert json.loads(text) == json.loads(json.dumps(t.table.to_dict(finished=2)))
+
+
+def test_the_saved_text_encodes_again_only_the_jobs_that_changed(
+    t: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import timeslice.agent.state as state_module
+
+    encoded: list[str] = []
+    job_dict = state_module._job_dict
+
+    def counted(job: Job) -> dict[str, Any]:
+        encoded.append(job.job)
+        return job_dict(job)
+
+    def saved() -> list[str]:
+        """The jobs a save encodes; its text must be the table's."""
+        encoded.clear()
+        text = t.table.encode(finished=4)
+        jobs = sorted(encoded)
+        assert json.loads(text) == json.loads(json.dumps(t.table.to_dict(finished=4)))
+        return jobs
+
+    monkeypatch.setattr(state_module, "_job_dict", counted)
+    for job in "abc":
+        t.register(job, config={"nested": {"job": job}}, claims=(f"pid:{ord(job)}",))
+    assert saved() == ["a", "b", "c"]
+    assert saved() == []  # nothing changed: every job's text is kept
+    op = t.snapshot("b", now=1.0)  # b moves: its state, operation and time
+    assert saved() == ["b"]
+    t.finish(op, now=2.0)
+    assert saved() == ["b"]
+    # Registered again with the same fields: a new job, encoded again (its config
+    # and claims could be others).
+    t.register("c", now=0.0, config={"nested": {"job": "c"}}, claims=("pid:99",))
+    assert saved() == ["c"]
+    t.handle(Forget(now=3.0, group="g", job="a", reason="bye"))
+    assert saved() == []

@@ -147,8 +147,10 @@ class JobTable:
         # its jobs is stamped with it, so that the orchestrator keeps the newest word.
         self.version = 0
         # Each operation's JSON text, by id, as the last `encode` wrote it, with the
-        # status it was encoded in (see `encode`).
+        # status it was encoded in; and each job's, with the job and its fields as
+        # they were (see `encode`).
         self._encoded: dict[str, tuple[OpStatus, str]] = {}
+        self._job_texts: dict[tuple[str, str], tuple[Job, tuple[Any, ...], str]] = {}
 
     def handle(self, event: Event) -> list[Effect]:
         """Apply one event; return what the shell must do. Raises on an illegal event,
@@ -532,9 +534,14 @@ class JobTable:
         }
 
     def encode(self, finished: int) -> str:
-        """`to_dict(finished)` as compact JSON text: what a save writes. An operation
-        changes only as it ends (its status with it), and never after, so each is
-        encoded once pending and once ended, its text reused by every save between."""
+        """`to_dict(finished)` as compact JSON text: what a save writes. Only what
+        changed since the last call is encoded again:
+        - an operation changes only as it ends (its status with it), and never
+          after, so each is encoded once pending and once ended;
+        - a job changes by the table setting its fields (its state, operation and
+          fault as it moves), or is replaced by a new one (a register): its text is
+          kept while it is the same object with the same field values. Its config
+          and claims are never changed in place."""
         encoded: dict[str, tuple[OpStatus, str]] = {}
         parts = []
         for op in self._kept(finished):
@@ -543,10 +550,21 @@ class JobTable:
             encoded[op.op_id] = (op.status, text)
             parts.append(text)
         self._encoded = encoded
-        jobs = _dumps([_job_dict(j) for j in self.jobs.values()])
+        job_texts: dict[tuple[str, str], tuple[Job, tuple[Any, ...], str]] = {}
+        jobs = []
+        for key, job in self.jobs.items():
+            fields = tuple(vars(job).values())
+            seen = self._job_texts.get(key)
+            if seen is not None and seen[0] is job and seen[1] == fields:
+                text = seen[2]
+            else:
+                text = _dumps(_job_dict(job))
+            job_texts[key] = (job, fields, text)
+            jobs.append(text)
+        self._job_texts = job_texts
         return (
-            f'{{"jobs":{jobs},"operations":[{",".join(parts)}],"tokens":{_dumps(self.tokens)},'
-            f'"next_op":{self.next_op},"epoch":{self.epoch},'
+            f'{{"jobs":[{",".join(jobs)}],"operations":[{",".join(parts)}],'
+            f'"tokens":{_dumps(self.tokens)},"next_op":{self.next_op},"epoch":{self.epoch},'
             f'"orchestrator_epoch":{self.orchestrator_epoch}}}'
         )
 
@@ -554,9 +572,11 @@ class JobTable:
         """The operations a copy of the table keeps (see `to_dict`)."""
         if finished is None:
             return self.operations.values()
-        recent = [self.operations[i] for i in islice(reversed(self._finished), finished)]
-        chosen = {op.op_id: op for op in [*recent, *self._pending()]}
-        return sorted(chosen.values(), key=_number)  # ids are numbered in start order
+        # The pending ones are never among the finished.
+        kept = [self.operations[i] for i in islice(reversed(self._finished), finished)]
+        kept += self._pending()
+        kept.sort(key=_number)  # ids are numbered in start order
+        return kept
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **options: Any) -> JobTable:

@@ -1046,19 +1046,27 @@ def test_a_limited_copy_keeps_every_pending_and_the_newest_finished_operations(
     assert [o["op_id"] for o in t.table.to_dict(finished=0)["operations"]] == ["op-1"]
 
 
-def test_the_saved_text_is_the_limited_copy_and_encodes_each_operation_once_per_status(
-    t: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def encoded_by(monkeypatch: pytest.MonkeyPatch, to_dict: str, name: str) -> list[str]:
+    """What the table's `to_dict` function of that name (`_op_dict`, `_job_dict`) is
+    called on from now, each by its attribute `name`: what is encoded."""
     import timeslice.agent.state as state_module
 
     encoded: list[str] = []
-    op_dict = state_module._op_dict
+    original = getattr(state_module, to_dict)
 
-    def counted(op: Operation) -> dict[str, Any]:
-        encoded.append(op.op_id)
-        return op_dict(op)
+    def counted(item: Any) -> dict[str, Any]:
+        encoded.append(getattr(item, name))
+        result: dict[str, Any] = original(item)
+        return result
 
-    monkeypatch.setattr(state_module, "_op_dict", counted)
+    monkeypatch.setattr(state_module, to_dict, counted)
+    return encoded
+
+
+def test_the_saved_text_is_the_limited_copy_and_encodes_each_operation_once_per_status(
+    t: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded = encoded_by(monkeypatch, "_op_dict", "op_id")
     t.register("a", config={"nested": {"x": 1}}, claims=("pid:1",))
     t.register("b")
     t.snapshot("b", now=0.0, timeout=100.0)  # pending throughout
@@ -1082,14 +1090,7 @@ def test_the_saved_text_is_the_limited_copy_and_encodes_each_operation_once_per_
 def test_the_saved_text_encodes_again_only_the_jobs_that_changed(
     t: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import timeslice.agent.state as state_module
-
-    encoded: list[str] = []
-    job_dict = state_module._job_dict
-
-    def counted(job: Job) -> dict[str, Any]:
-        encoded.append(job.job)
-        return job_dict(job)
+    encoded = encoded_by(monkeypatch, "_job_dict", "job")
 
     def saved() -> list[str]:
         """The jobs a save encodes; its text must be the table's."""
@@ -1099,7 +1100,6 @@ def test_the_saved_text_encodes_again_only_the_jobs_that_changed(
         assert json.loads(text) == json.loads(json.dumps(t.table.to_dict(finished=4)))
         return jobs
 
-    monkeypatch.setattr(state_module, "_job_dict", counted)
     for job in "abc":
         t.register(job, config={"nested": {"job": job}}, claims=(f"pid:{ord(job)}",))
     assert saved() == ["a", "b", "c"]
